@@ -1,0 +1,57 @@
+//! The operator CLI: the same binary run by a person (no CNI_COMMAND).
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use crate::cni::version::SUPPORTED_VERSIONS;
+
+pub const ABOUT: &str = concat!(
+    "sticky-macvlan ",
+    env!("CARGO_PKG_VERSION"),
+    ": CNI macvlan plugin with sticky, identity-keyed IPs"
+);
+
+fn usage() -> String {
+    format!(
+        "{ABOUT}
+
+As a CNI plugin it is run by the container runtime with CNI_COMMAND set
+(ADD, DEL, CHECK, STATUS, GC, VERSION) and the network config on stdin.
+CNI protocol versions supported: {}
+
+Usage: sticky-macvlan <command>
+
+Commands:
+  version     print the plugin version and supported CNI versions
+  help        print this help
+
+Set CNI_COMMAND to run as a plugin, e.g.
+  echo '{{\"cniVersion\":\"1.0.0\"}}' | CNI_COMMAND=VERSION sticky-macvlan
+",
+        SUPPORTED_VERSIONS.join(", ")
+    )
+}
+
+pub fn main(args: &[String]) -> ExitCode {
+    match args.first().map(String::as_str) {
+        None | Some("help" | "--help" | "-h") => {
+            print!("{}", usage());
+            ExitCode::SUCCESS
+        }
+        Some("version" | "--version" | "-V") => {
+            println!("{ABOUT}");
+            println!(
+                "CNI protocol versions supported: {}",
+                SUPPORTED_VERSIONS.join(", ")
+            );
+            ExitCode::SUCCESS
+        }
+        Some(other) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "sticky-macvlan: unknown command {other:?}; run `sticky-macvlan --help`"
+            );
+            ExitCode::from(2)
+        }
+    }
+}

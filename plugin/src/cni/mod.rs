@@ -1,0 +1,14 @@
+//! The CNI protocol, independent of what the plugin does: versions, env,
+//! `CNI_ARGS`, errors and results.
+
+pub mod args;
+pub mod env;
+pub mod error;
+pub mod result;
+pub mod version;
+
+pub use args::CniArgs;
+pub use env::{CniEnv, Command};
+pub use error::{code, CniError, CniResult};
+pub use result::{CniOutput, Dns, Interface, IpConfig, Route};
+pub use version::CniVersion;

@@ -1,0 +1,652 @@
+//! The CNI verbs. Each one parses and validates everything first, then
+//! touches the kernel and the IPAM through the `Netlink` and `Ipam` seams,
+//! and on failure undoes what it did (invariant: a failed ADD leaves
+//! nothing behind).
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::cni::{
+    code, CniArgs, CniEnv, CniError, CniOutput, CniResult, CniVersion, Command, Interface,
+};
+use crate::config::NetConf;
+use crate::datapath::macvlan::{self, CreatedLink, Expected, LinkSpec};
+use crate::datapath::netns::{open_netns, OpenNetnsError};
+use crate::datapath::rtnl::RtnlClient;
+use crate::datapath::{parse_mac, Mac, Netlink, Ns};
+use crate::ipam::{DelegatedIpam, Ipam};
+use crate::log;
+
+/// What the process prints on success (None: print nothing).
+pub type Output = Option<Value>;
+
+/// Entry point after the environment is read: dispatches on the verb.
+pub fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Output> {
+    if env.command == Command::Version {
+        return Ok(Some(crate::cni::version::version_info()));
+    }
+    let conf = NetConf::parse(stdin)?;
+    log::init(
+        conf.log_file.as_deref(),
+        conf.log_level,
+        format!(
+            "net={} container={} ifname={} ",
+            conf.name, env.container_id, env.ifname
+        ),
+    );
+    let mut ipam = conf
+        .ipam
+        .as_ref()
+        .map(|i| DelegatedIpam::new(&i.plugin_type, &env.path, stdin, conf.cni_version));
+    let ipam_dyn = ipam.as_mut().map(|i| i as &mut dyn Ipam);
+    let result = match env.command {
+        Command::Add => {
+            let mut nl = connect(Some(&env.netns))?;
+            add(env, &conf, &mut nl, ipam_dyn).map(Some)
+        }
+        Command::Del => del_with_netns(env, ipam_dyn).map(|()| None),
+        Command::Check => {
+            require(conf.cni_version.allows_check(), "CHECK", conf.cni_version)?;
+            let mut nl = connect(Some(&env.netns))?;
+            check(env, &conf, &mut nl, ipam_dyn).map(|()| None)
+        }
+        Command::Status => {
+            require(
+                conf.cni_version.allows_status_and_gc(),
+                "STATUS",
+                conf.cni_version,
+            )?;
+            let mut nl = connect(None)?;
+            status(&conf, &mut nl, ipam_dyn).map(|()| None)
+        }
+        Command::Gc => {
+            require(
+                conf.cni_version.allows_status_and_gc(),
+                "GC",
+                conf.cni_version,
+            )?;
+            gc(stdin, ipam_dyn).map(|()| None)
+        }
+        Command::Version => unreachable_version(),
+    };
+    match &result {
+        Ok(_) => log::info(&format!("{} ok", env.command.as_str())),
+        Err(e) => log::error(&format!("{} failed: {e}", env.command.as_str())),
+    }
+    result
+}
+
+fn unreachable_version() -> CniResult<Output> {
+    Ok(Some(crate::cni::version::version_info()))
+}
+
+fn require(allowed: bool, verb: &str, version: CniVersion) -> CniResult<()> {
+    if allowed {
+        return Ok(());
+    }
+    let needs = if verb == "CHECK" { "0.4.0" } else { "1.1.0" };
+    Err(CniError::new(
+        code::INCOMPATIBLE_VERSION,
+        format!(
+            "config version {version} does not allow {verb}: it needs cniVersion {needs} or later"
+        ),
+    ))
+}
+
+fn connect(netns: Option<&str>) -> CniResult<RtnlClient> {
+    let fd = match netns {
+        None => None,
+        Some(path) => Some(open_netns(Path::new(path)).map_err(|e| match e {
+            OpenNetnsError::Gone => {
+                CniError::invalid_env(format!("CNI_NETNS {path:?} does not exist"))
+            }
+            OpenNetnsError::Other(e) => {
+                CniError::io(format!("cannot open CNI_NETNS {path:?}: {e}"))
+            }
+        })?),
+    };
+    RtnlClient::new(fd).map_err(|e| {
+        if netns.is_some() && e.errno == Some(libc::EINVAL) {
+            CniError::invalid_env(format!(
+                "CNI_NETNS {:?} is not a network namespace",
+                netns.unwrap_or_default()
+            ))
+        } else {
+            CniError::datapath(e.to_string())
+        }
+    })
+}
+
+/// Config `mac` < `CNI_ARGS` `MAC` < `runtimeConfig.mac`, as the reference.
+pub fn resolve_mac(conf: &NetConf, args: &CniArgs) -> CniResult<Option<Mac>> {
+    let chosen = [
+        (conf.runtime_mac.as_deref(), "runtimeConfig.mac"),
+        (args.mac.as_deref(), "CNI_ARGS MAC"),
+        (conf.mac.as_deref(), "\"mac\" in the config"),
+    ]
+    .into_iter()
+    .find_map(|(v, source)| v.map(|v| (v, source)));
+    match chosen {
+        None => Ok(None),
+        Some((s, source)) => parse_mac(s).map(Some).map_err(|why| {
+            CniError::invalid_config(format!("invalid MAC address {s:?} from {source}: {why}"))
+        }),
+    }
+}
+
+/// ADD: validate, create the link, allocate, configure, answer. Any step
+/// failing after the link exists removes it and releases the IPAM.
+pub fn add(
+    env: &CniEnv,
+    conf: &NetConf,
+    nl: &mut dyn Netlink,
+    ipam: Option<&mut dyn Ipam>,
+) -> CniResult<Value> {
+    let args = CniArgs::parse(&env.args)?;
+    let mac = resolve_mac(conf, &args)?;
+    let prev = match &conf.prev_result {
+        Some(v) => Some(CniOutput::from_json(v, conf.cni_version, "prevResult")?),
+        None => None,
+    };
+    let master =
+        macvlan::resolve_master(nl, conf.master.as_deref(), conf.link_in_container, conf.mtu)?;
+    let spec = LinkSpec {
+        mode: conf.mode,
+        mtu: conf.mtu,
+        mac,
+        bc_queue_len: conf.bc_queue_len,
+    };
+    let link = macvlan::create_link(nl, &env.ifname, &master, &spec)?;
+
+    let result = match ipam {
+        None => finish_l2(env, conf, nl, &link, prev),
+        Some(ipam) => ipam.add().and_then(|allocated| {
+            finish_l3(env, conf, nl, &link, allocated, prev).map_err(|e| {
+                let release = ipam
+                    .del()
+                    .map_err(|r| r.context("cannot release the IPAM after a failed ADD"));
+                macvlan::with_cleanup(e, release)
+            })
+        }),
+    };
+    result.map_err(|e| macvlan::with_cleanup(e, macvlan::discard_link(nl, &link)))
+}
+
+fn our_interface(env: &CniEnv, link: &CreatedLink) -> Interface {
+    Interface {
+        name: link.name.clone(),
+        mac: link.mac_string(),
+        sandbox: Some(env.netns.clone()),
+        ..Interface::default()
+    }
+}
+
+/// Our interface appended to prevResult's (or alone), index returned.
+fn merge_interface(prev: Option<CniOutput>, iface: Interface) -> (CniOutput, usize) {
+    let mut out = prev.unwrap_or_default();
+    out.interfaces.push(iface);
+    let index = out.interfaces.len() - 1;
+    (out, index)
+}
+
+fn finish_l2(
+    env: &CniEnv,
+    conf: &NetConf,
+    nl: &mut dyn Netlink,
+    link: &CreatedLink,
+    prev: Option<CniOutput>,
+) -> CniResult<Value> {
+    macvlan::configure_l2(nl, link)?;
+    let (mut out, _) = merge_interface(prev, our_interface(env, link));
+    if !conf.dns.is_empty() {
+        out.dns = conf.dns.clone();
+    }
+    out.to_json(conf.cni_version)
+}
+
+fn finish_l3(
+    env: &CniEnv,
+    conf: &NetConf,
+    nl: &mut dyn Netlink,
+    link: &CreatedLink,
+    allocated: CniOutput,
+    prev: Option<CniOutput>,
+) -> CniResult<Value> {
+    let (mut out, index) = merge_interface(prev, our_interface(env, link));
+    let mut ips = allocated.ips;
+    for ip in &mut ips {
+        ip.interface = Some(index);
+    }
+    // Convert before configuring: a result the caller's version cannot
+    // carry must fail before the pod is wired, not after.
+    let mut probe = out.clone();
+    probe.ips.extend(ips.iter().cloned());
+    probe.to_json(conf.cni_version)?;
+
+    macvlan::configure_l3(nl, link, &ips, &allocated.routes)?;
+    out.ips.extend(ips);
+    out.routes.extend(allocated.routes);
+    out.dns = if conf.dns.is_empty() {
+        allocated.dns
+    } else {
+        conf.dns.clone()
+    };
+    out.to_json(conf.cni_version)
+}
+
+fn del_with_netns(env: &CniEnv, ipam: Option<&mut dyn Ipam>) -> CniResult<()> {
+    let mut errors = Vec::new();
+    // Release the IPAM first, like the reference: the address must not stay
+    // allocated because the netns is already gone.
+    if let Some(ipam) = ipam {
+        if let Err(e) = ipam.del() {
+            errors.push(e);
+        }
+    }
+    if !env.netns.is_empty() {
+        match open_netns(Path::new(&env.netns)) {
+            Err(OpenNetnsError::Gone) => log::debug("netns already gone; nothing to remove"),
+            Err(OpenNetnsError::Other(e)) => errors.push(CniError::io(format!(
+                "cannot open CNI_NETNS {:?}: {e}",
+                env.netns
+            ))),
+            Ok(fd) => match RtnlClient::new(Some(fd)) {
+                // A path that is no longer a netns (the bind mount was
+                // unmounted but the file left) means the netns is gone.
+                Err(e) if e.errno == Some(libc::EINVAL) => {
+                    log::debug("CNI_NETNS is no longer a netns")
+                }
+                Err(e) => errors.push(CniError::datapath(e.to_string())),
+                Ok(mut nl) => {
+                    if let Err(e) = macvlan::remove_link(&mut nl, &env.ifname) {
+                        errors.push(e);
+                    }
+                }
+            },
+        }
+    }
+    CniError::combine(errors).map_or(Ok(()), Err)
+}
+
+/// CHECK: the IPAM's own check, then the link against prevResult.
+pub fn check(
+    env: &CniEnv,
+    conf: &NetConf,
+    nl: &mut dyn Netlink,
+    ipam: Option<&mut dyn Ipam>,
+) -> CniResult<()> {
+    let prev_raw = conf.prev_result.as_ref().ok_or_else(|| {
+        CniError::invalid_config("CHECK needs prevResult in the network config (the runtime passes the cached ADD result)")
+    })?;
+    let prev = CniOutput::from_json(prev_raw, conf.cni_version, "prevResult")?;
+    if let Some(ipam) = ipam {
+        ipam.check()?;
+    }
+    let (index, iface) = prev
+        .interfaces
+        .iter()
+        .enumerate()
+        .find(|(_, i)| i.name == env.ifname && i.sandbox.as_deref() == Some(env.netns.as_str()))
+        .ok_or_else(|| {
+            CniError::new(
+                macvlan::CHECK_MISMATCH,
+                format!(
+                    "prevResult has no interface {:?} in sandbox {:?}",
+                    env.ifname, env.netns
+                ),
+            )
+        })?;
+    let ns = if conf.link_in_container {
+        Ns::Pod
+    } else {
+        Ns::Node
+    };
+    if let Some(master) = &conf.master {
+        if nl
+            .link_by_name(ns, master)
+            .map_err(|e| CniError::datapath(e.to_string()))?
+            .is_none()
+        {
+            return Err(CniError::new(
+                macvlan::CHECK_MISMATCH,
+                format!("master interface {master:?} is gone from the {ns}"),
+            ));
+        }
+    }
+    let want = Expected {
+        ifname: &env.ifname,
+        mode: conf.mode,
+        mac: iface.mac.as_deref(),
+        ips: prev
+            .ips
+            .iter()
+            .filter(|ip| ip.interface.is_none_or(|i| i == index))
+            .map(|ip| ip.address)
+            .collect(),
+        routes: &prev.routes,
+    };
+    macvlan::check_link(nl, &want)
+}
+
+/// STATUS: can this node serve an ADD right now?
+pub fn status(conf: &NetConf, nl: &mut dyn Netlink, ipam: Option<&mut dyn Ipam>) -> CniResult<()> {
+    if !conf.link_in_container {
+        if let Some(master) = &conf.master {
+            let found = nl
+                .link_by_name(Ns::Node, master)
+                .map_err(|e| CniError::datapath(e.to_string()))?;
+            if found.is_none() {
+                return Err(CniError::new(
+                    code::STATUS_UNAVAILABLE,
+                    format!("master interface {master:?} is not present on this node: ADD would fail until it exists"),
+                ));
+            }
+        }
+    }
+    match ipam {
+        Some(ipam) => ipam.status(),
+        None => Ok(()),
+    }
+}
+
+/// The attachments a GC must keep, from either key the spec has used.
+pub fn gc_attachments(stdin: &[u8]) -> CniResult<Vec<(String, String)>> {
+    let conf: Value = serde_json::from_slice(stdin)
+        .map_err(|e| CniError::decode(format!("cannot parse network config: {e}")))?;
+    let list = conf
+        .get("cni.dev/valid-attachments")
+        .or_else(|| conf.get("cni.dev/attachments"));
+    let Some(list) = list else {
+        return Ok(Vec::new());
+    };
+    let items = list.as_array().ok_or_else(|| {
+        CniError::invalid_config(
+            "cni.dev/valid-attachments must be a list of {\"containerID\", \"ifname\"} objects",
+        )
+    })?;
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let field = |k: &str| item.get(k).and_then(Value::as_str).map(str::to_string);
+            match (field("containerID"), field("ifname")) {
+                (Some(c), Some(n)) => Ok((c, n)),
+                _ => Err(CniError::invalid_config(format!(
+                    "cni.dev/valid-attachments entry {i} needs string \"containerID\" and \"ifname\""
+                ))),
+            }
+        })
+        .collect()
+}
+
+/// GC: the macvlan itself holds no state outside pod netns (which die with
+/// their pods); the IPAM's leftovers are its to collect.
+pub fn gc(stdin: &[u8], ipam: Option<&mut dyn Ipam>) -> CniResult<()> {
+    let keep = gc_attachments(stdin)?;
+    log::debug(&format!("GC keeping {} attachments", keep.len()));
+    match ipam {
+        Some(ipam) => ipam.gc(),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cni::IpConfig;
+    use crate::datapath::fake::FakeNetlink;
+    use serde_json::json;
+
+    #[derive(Default)]
+    struct FakeIpam {
+        fail_add: bool,
+        adds: usize,
+        dels: usize,
+        result: Option<CniOutput>,
+    }
+
+    impl Ipam for FakeIpam {
+        fn add(&mut self) -> CniResult<CniOutput> {
+            self.adds += 1;
+            if self.fail_add {
+                return Err(CniError::new(code::TRY_AGAIN_LATER, "pool busy"));
+            }
+            Ok(self.result.clone().unwrap_or(CniOutput {
+                ips: vec![IpConfig {
+                    interface: None,
+                    address: "10.0.0.5/24".parse().unwrap(),
+                    gateway: Some("10.0.0.1".parse().unwrap()),
+                }],
+                routes: vec![crate::cni::Route::new("0.0.0.0/0".parse().unwrap(), None)],
+                ..CniOutput::default()
+            }))
+        }
+        fn del(&mut self) -> CniResult<()> {
+            self.dels += 1;
+            Ok(())
+        }
+        fn check(&mut self) -> CniResult<()> {
+            Ok(())
+        }
+        fn status(&mut self) -> CniResult<()> {
+            Ok(())
+        }
+        fn gc(&mut self) -> CniResult<()> {
+            Ok(())
+        }
+    }
+
+    fn env() -> CniEnv {
+        CniEnv {
+            command: Command::Add,
+            container_id: "c1".into(),
+            netns: "/run/netns/p1".into(),
+            ifname: "net1".into(),
+            args: String::new(),
+            path: "/opt/cni/bin".into(),
+        }
+    }
+
+    fn conf(version: &str, extra: Value) -> NetConf {
+        let mut base = json!({"cniVersion": version, "name": "n", "type": "sticky-macvlan", "master": "uplink0"});
+        if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        NetConf::parse(base.to_string().as_bytes()).unwrap()
+    }
+
+    fn nl() -> FakeNetlink {
+        FakeNetlink::new().with_device(Ns::Node, "uplink0", 1500)
+    }
+
+    #[test]
+    fn l3_add_wires_everything_and_answers_in_version() {
+        let mut nl = nl();
+        let mut ipam = FakeIpam::default();
+        let out = add(&env(), &conf("1.0.0", json!({})), &mut nl, Some(&mut ipam)).unwrap();
+        assert_eq!(out["interfaces"][0]["name"], "net1");
+        assert_eq!(out["interfaces"][0]["sandbox"], "/run/netns/p1");
+        assert_eq!(out["ips"][0]["interface"], 0);
+        assert_eq!(out["ips"][0]["address"], "10.0.0.5/24");
+        assert_eq!(nl.link(Ns::Pod, "net1").unwrap().addrs.len(), 1);
+    }
+
+    #[test]
+    fn ipam_failure_removes_the_link_and_keeps_the_code() {
+        let mut nl = nl();
+        let mut ipam = FakeIpam {
+            fail_add: true,
+            ..FakeIpam::default()
+        };
+        let e = add(&env(), &conf("1.0.0", json!({})), &mut nl, Some(&mut ipam)).unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert!(nl.link_names(Ns::Pod).is_empty());
+        assert_eq!(
+            ipam.dels, 0,
+            "nothing was allocated, so nothing is released"
+        );
+    }
+
+    #[test]
+    fn configure_failure_releases_ipam_and_removes_link() {
+        let mut nl = nl().fail("add_route", libc::ENETUNREACH);
+        let mut ipam = FakeIpam::default();
+        let e = add(&env(), &conf("1.0.0", json!({})), &mut nl, Some(&mut ipam)).unwrap_err();
+        assert!(e.msg.contains("0.0.0.0/0"), "{}", e.msg);
+        assert!(nl.link_names(Ns::Pod).is_empty());
+        assert_eq!(ipam.dels, 1);
+    }
+
+    #[test]
+    fn l2_with_legacy_version_fails_cleanly() {
+        for v in ["0.1.0", "0.2.0"] {
+            let mut nl = nl();
+            let e = add(&env(), &conf(v, json!({})), &mut nl, None).unwrap_err();
+            assert!(
+                e.msg.starts_with("cannot convert: no valid IP addresses"),
+                "{}",
+                e.msg
+            );
+            assert!(
+                nl.link_names(Ns::Pod).is_empty(),
+                "{v}: the link is rolled back"
+            );
+        }
+    }
+
+    #[test]
+    fn l2_add_is_up_without_addresses() {
+        let mut nl = nl();
+        let out = add(
+            &env(),
+            &conf("0.3.1", json!({"dns": {"nameservers": ["10.0.0.53"]}})),
+            &mut nl,
+            None,
+        )
+        .unwrap();
+        assert!(out.get("ips").is_none());
+        assert_eq!(out["dns"]["nameservers"][0], "10.0.0.53");
+        assert!(nl.link(Ns::Pod, "net1").unwrap().state.up);
+    }
+
+    #[test]
+    fn mac_precedence() {
+        let c = conf(
+            "1.0.0",
+            json!({"mac": "02:00:00:00:00:01", "runtimeConfig": {"mac": "02:00:00:00:00:03"}}),
+        );
+        let args = CniArgs::parse("MAC=02:00:00:00:00:02").unwrap();
+        assert_eq!(resolve_mac(&c, &args).unwrap(), Some([2, 0, 0, 0, 0, 3]));
+        let c = conf("1.0.0", json!({"mac": "02:00:00:00:00:01"}));
+        assert_eq!(resolve_mac(&c, &args).unwrap(), Some([2, 0, 0, 0, 0, 2]));
+        assert_eq!(
+            resolve_mac(&c, &CniArgs::default()).unwrap(),
+            Some([2, 0, 0, 0, 0, 1])
+        );
+        let bad = conf("1.0.0", json!({"mac": "nope"}));
+        let e = resolve_mac(&bad, &CniArgs::default()).unwrap_err();
+        assert!(
+            e.msg.contains("\"nope\"") && e.msg.contains("\"mac\""),
+            "{}",
+            e.msg
+        );
+    }
+
+    #[test]
+    fn bad_mac_fails_before_anything_is_created() {
+        let mut nl = nl();
+        let mut e = env();
+        e.args = "MAC=zz".into();
+        let err = add(&e, &conf("1.0.0", json!({})), &mut nl, None).unwrap_err();
+        assert_eq!(err.code, code::INVALID_CONFIG);
+        assert!(!nl.calls.iter().any(|c| c.starts_with("create_macvlan")));
+    }
+
+    #[test]
+    fn prev_result_is_extended() {
+        let mut nl = nl();
+        let mut ipam = FakeIpam::default();
+        let prev = json!({"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "sandbox": "/run/netns/p1"}],
+            "ips": [{"interface": 0, "address": "192.168.0.2/24"}]});
+        let out = add(
+            &env(),
+            &conf("1.0.0", json!({"prevResult": prev})),
+            &mut nl,
+            Some(&mut ipam),
+        )
+        .unwrap();
+        assert_eq!(out["interfaces"].as_array().unwrap().len(), 2);
+        assert_eq!(out["ips"][0]["address"], "192.168.0.2/24");
+        assert_eq!(out["ips"][1]["interface"], 1);
+    }
+
+    #[test]
+    fn check_needs_prev_result() {
+        let mut nl = nl();
+        let e = check(&env(), &conf("1.0.0", json!({})), &mut nl, None).unwrap_err();
+        assert!(e.msg.contains("prevResult"));
+    }
+
+    #[test]
+    fn check_after_add_passes_and_detects_a_removed_address() {
+        let mut nl = nl();
+        let mut ipam = FakeIpam::default();
+        let out = add(&env(), &conf("1.0.0", json!({})), &mut nl, Some(&mut ipam)).unwrap();
+        let c = conf("1.0.0", json!({"prevResult": out}));
+        check(&env(), &c, &mut nl, Some(&mut ipam)).unwrap();
+        let idx = nl.link(Ns::Pod, "net1").unwrap().state.index;
+        for links in nl.links.values_mut() {
+            for l in links.iter_mut().filter(|l| l.state.index == idx) {
+                l.addrs.clear();
+            }
+        }
+        let e = check(&env(), &c, &mut nl, Some(&mut ipam)).unwrap_err();
+        assert!(e.msg.contains("10.0.0.5/24"), "{}", e.msg);
+    }
+
+    #[test]
+    fn status_reports_missing_master_as_unavailable() {
+        let mut nl = FakeNetlink::new();
+        let e = status(&conf("1.1.0", json!({})), &mut nl, None).unwrap_err();
+        assert_eq!(e.code, code::STATUS_UNAVAILABLE);
+        let mut nl = self::nl();
+        status(&conf("1.1.0", json!({})), &mut nl, None).unwrap();
+    }
+
+    #[test]
+    fn gc_accepts_both_attachment_keys() {
+        for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
+            let stdin = json!({"cniVersion": "1.1.0", "name": "n", "type": "t", key: [{"containerID": "c", "ifname": "net1"}]});
+            assert_eq!(
+                gc_attachments(stdin.to_string().as_bytes()).unwrap(),
+                vec![("c".into(), "net1".into())]
+            );
+        }
+        let bad = json!({"cni.dev/valid-attachments": [{"containerID": 1}]});
+        assert_eq!(
+            gc_attachments(bad.to_string().as_bytes()).unwrap_err().code,
+            code::INVALID_CONFIG
+        );
+        let bad = json!({"cni.dev/valid-attachments": "x"});
+        assert!(gc_attachments(bad.to_string().as_bytes()).is_err());
+    }
+
+    #[test]
+    fn verbs_refused_below_their_version() {
+        let e = require(
+            CniVersion::V0_3_1.allows_check(),
+            "CHECK",
+            CniVersion::V0_3_1,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, code::INCOMPATIBLE_VERSION);
+        assert!(e.msg.contains("CHECK") && e.msg.contains("0.3.1"));
+        assert!(require(
+            CniVersion::V1_0_0.allows_status_and_gc(),
+            "GC",
+            CniVersion::V1_0_0
+        )
+        .is_err());
+    }
+}

@@ -1,0 +1,727 @@
+//! Creating, configuring, checking and removing the pod's macvlan, on any
+//! `Netlink`. No I/O of its own, so every rollback path is unit-tested
+//! against the fake.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+
+use super::{format_mac, Mac, Netlink, NewMacvlan, NewRoute, NlError, Ns};
+use crate::cni::{code, CniError, CniResult, IpConfig, Route};
+use crate::config::MacvlanMode;
+use crate::log;
+
+/// Attempts at a free temporary name before giving up (names are random,
+/// so a clash twice in a row means something is very wrong).
+const TMP_NAME_ATTEMPTS: usize = 5;
+/// How long an IPv6 address may stay tentative (DAD) before routes via a
+/// gateway are added anyway; matches the reference plugin's wait.
+const DAD_SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
+const DAD_POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+pub const CHECK_MISMATCH: u32 = 102;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Master {
+    pub name: String,
+    pub index: u32,
+    pub mtu: u32,
+    pub ns: Ns,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkSpec {
+    pub mode: MacvlanMode,
+    /// 0 inherits the master's MTU.
+    pub mtu: u32,
+    pub mac: Option<Mac>,
+    pub bc_queue_len: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatedLink {
+    pub index: u32,
+    pub name: String,
+    pub mac: Option<Mac>,
+}
+
+impl CreatedLink {
+    pub fn mac_string(&self) -> Option<String> {
+        self.mac.as_ref().map(format_mac)
+    }
+}
+
+fn datapath(e: NlError) -> CniError {
+    CniError::datapath(e.to_string())
+}
+
+/// Finds the master (configured, or the interface of the default route) and
+/// validates the requested MTU against it. `link_in_container` looks in the
+/// pod netns instead of the node's.
+pub fn resolve_master(
+    nl: &mut dyn Netlink,
+    master: Option<&str>,
+    link_in_container: bool,
+    mtu: u32,
+) -> CniResult<Master> {
+    let ns = if link_in_container { Ns::Pod } else { Ns::Node };
+    let name = match master {
+        Some(m) => m.to_string(),
+        None => nl.default_route_link(ns).map_err(datapath)?.ok_or_else(|| {
+            CniError::invalid_config(format!(
+                "no \"master\" is configured and the {ns} has no default route to take it from: set \"master\" to the uplink interface"
+            ))
+        })?,
+    };
+    let link = nl.link_by_name(ns, &name).map_err(datapath)?.ok_or_else(|| {
+        CniError::invalid_config(format!(
+            "master interface {name:?} not found in the {ns}: set \"master\" to an existing interface"
+        ))
+    })?;
+    if mtu > link.mtu {
+        return Err(CniError::invalid_config(format!(
+            "invalid MTU {mtu}: it must be between 0 and the MTU of master {name:?} ({})",
+            link.mtu
+        )));
+    }
+    Ok(Master {
+        name,
+        index: link.index,
+        mtu: link.mtu,
+        ns,
+    })
+}
+
+fn random_suffix() -> u32 {
+    let mut buf = [0u8; 4];
+    // SAFETY: getrandom writes at most buf.len() bytes into buf.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n == buf.len() as isize {
+        return u32::from_ne_bytes(buf);
+    }
+    // getrandom cannot fail for 4 bytes on a booted kernel; stay unique anyway.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    nanos ^ std::process::id().rotate_left(16)
+}
+
+pub fn tmp_name() -> String {
+    format!("smv{:08x}", random_suffix())
+}
+
+/// Creates the macvlan in the pod netns under a temporary name (a name
+/// clash with the node's interfaces is impossible that way, and a clash in
+/// the pod is retried) and renames it to `ifname`. On any failure nothing
+/// is left behind.
+pub fn create_link(
+    nl: &mut dyn Netlink,
+    ifname: &str,
+    master: &Master,
+    spec: &LinkSpec,
+) -> CniResult<CreatedLink> {
+    let mut created = None;
+    for _ in 0..TMP_NAME_ATTEMPTS {
+        let req = NewMacvlan {
+            tmp_name: tmp_name(),
+            master_index: master.index,
+            master_ns: master.ns,
+            mode: spec.mode,
+            mtu: (spec.mtu != 0).then_some(spec.mtu),
+            mac: spec.mac,
+            bc_queue_len: spec.bc_queue_len,
+        };
+        match nl.create_macvlan(&req) {
+            Ok(()) => {
+                created = Some(req.tmp_name);
+                break;
+            }
+            Err(e) if e.is_exists() => {
+                if let Some(mac) = spec.mac {
+                    // EEXIST also means another macvlan on this master uses the MAC.
+                    if nl
+                        .link_by_name(Ns::Pod, &req.tmp_name)
+                        .map_err(datapath)?
+                        .is_none()
+                    {
+                        return Err(CniError::datapath(format!(
+                            "cannot create macvlan on master {:?}: MAC {} is already used by another macvlan on it; choose another \"mac\"",
+                            master.name,
+                            format_mac(&mac)
+                        )));
+                    }
+                }
+                continue;
+            }
+            Err(e) => {
+                return Err(CniError::datapath(format!(
+                    "cannot create macvlan on master {:?}: {e}",
+                    master.name
+                )));
+            }
+        }
+    }
+    let tmp = created.ok_or_else(|| {
+        CniError::datapath(format!("cannot create macvlan on master {:?}: {TMP_NAME_ATTEMPTS} temporary names were all taken", master.name))
+    })?;
+    let link = match nl.link_by_name(Ns::Pod, &tmp) {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            return Err(CniError::datapath(format!(
+                "macvlan {tmp:?} vanished from the pod netns right after creation"
+            )))
+        }
+        Err(e) => return Err(datapath(e)),
+    };
+    if let Err(e) = nl.rename_link(Ns::Pod, link.index, ifname) {
+        let err = if e.is_exists() {
+            CniError::datapath(format!(
+                "interface {ifname:?} already exists in the pod netns: each attachment needs its own CNI_IFNAME"
+            ))
+        } else {
+            CniError::datapath(format!("cannot rename macvlan {tmp:?} to {ifname:?}: {e}"))
+        };
+        return Err(with_cleanup(err, remove_by_index(nl, link.index, &tmp)));
+    }
+    Ok(CreatedLink {
+        index: link.index,
+        name: ifname.to_string(),
+        mac: link.mac,
+    })
+}
+
+fn remove_by_index(nl: &mut dyn Netlink, index: u32, name: &str) -> CniResult<()> {
+    match nl.delete_link(Ns::Pod, index) {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_no_device() => Ok(()),
+        Err(e) => Err(CniError::datapath(format!(
+            "cannot remove macvlan {name:?} after a failed ADD: {e}"
+        ))),
+    }
+}
+
+/// Appends a cleanup failure to the error that caused the cleanup.
+pub fn with_cleanup(err: CniError, cleanup: CniResult<()>) -> CniError {
+    match cleanup {
+        Ok(()) => err,
+        Err(c) => {
+            CniError::combine(vec![err, c]).unwrap_or_else(|| CniError::datapath("unreachable"))
+        }
+    }
+}
+
+/// Rolls back a created link (for failures after `create_link`).
+pub fn discard_link(nl: &mut dyn Netlink, link: &CreatedLink) -> CniResult<()> {
+    remove_by_index(nl, link.index, &link.name)
+}
+
+fn best_effort_sysctl(nl: &mut dyn Netlink, key: &str, value: &str) {
+    if let Err(e) = nl.write_sysctl(Ns::Pod, key, value) {
+        log::debug(&format!("ignoring: {e}"));
+    }
+}
+
+/// L2-only: just bring the link up.
+pub fn configure_l2(nl: &mut dyn Netlink, link: &CreatedLink) -> CniResult<()> {
+    nl.set_link_up(Ns::Pod, link.index).map_err(datapath)
+}
+
+/// The gateway a route without one falls back to: the first gateway among
+/// the addresses of the same family (the reference plugins' rule).
+pub fn fallback_gateways(ips: &[IpConfig]) -> (Option<IpAddr>, Option<IpAddr>) {
+    let v4 = ips.iter().filter_map(|i| i.gateway).find(IpAddr::is_ipv4);
+    let v6 = ips.iter().filter_map(|i| i.gateway).find(IpAddr::is_ipv6);
+    (v4, v6)
+}
+
+/// Addresses, up, announcements, routes: what the IPAM result asks for.
+pub fn configure_l3(
+    nl: &mut dyn Netlink,
+    link: &CreatedLink,
+    ips: &[IpConfig],
+    routes: &[Route],
+) -> CniResult<()> {
+    let ifname = &link.name;
+    // Let the kernel announce the address (gratuitous ARP / unsolicited NA)
+    // when it comes up, so peers' caches move to the new MAC at once.
+    best_effort_sysctl(nl, &format!("net/ipv4/conf/{ifname}/arp_notify"), "1");
+    best_effort_sysctl(nl, &format!("net/ipv6/conf/{ifname}/ndisc_notify"), "1");
+
+    nl.set_link_up(Ns::Pod, link.index).map_err(datapath)?;
+
+    if ips.iter().any(|i| i.address.addr().is_ipv6()) {
+        for dev in ["lo", ifname.as_str()] {
+            let key = format!("net/ipv6/conf/{dev}/disable_ipv6");
+            match nl.read_sysctl(Ns::Pod, &key) {
+                Ok(Some(v)) if v != "0" => nl.write_sysctl(Ns::Pod, &key, "0").map_err(|e| {
+                    CniError::datapath(format!(
+                        "cannot enable IPv6 on {dev:?} for an IPv6 address: {e}"
+                    ))
+                })?,
+                Ok(_) => {}
+                Err(e) => log::debug(&format!("ignoring: {e}")),
+            }
+        }
+    }
+
+    for ip in ips {
+        nl.add_address(Ns::Pod, link.index, ip.address)
+            .map_err(|e| {
+                CniError::datapath(format!(
+                    "cannot add address {} to {ifname:?}: {e}",
+                    ip.address
+                ))
+            })?;
+    }
+
+    let (v4gw, v6gw) = fallback_gateways(ips);
+    if v6gw.is_some() {
+        settle_addresses(nl, link)?;
+    }
+
+    for r in routes {
+        let gw = r.gw.or(if r.dst.addr().is_ipv4() { v4gw } else { v6gw });
+        let route = NewRoute {
+            dst: r.dst.trunc(),
+            gw,
+            oif: link.index,
+            mtu: r.mtu,
+            adv_mss: r.adv_mss,
+            priority: r.priority,
+            table: r.table,
+            scope: r.scope,
+        };
+        nl.add_route(Ns::Pod, &route).map_err(|e| {
+            let via = gw.map(|g| format!(" via {g}")).unwrap_or_default();
+            CniError::datapath(format!("cannot add route {}{via} dev {ifname}: {e}", r.dst))
+        })?;
+    }
+    Ok(())
+}
+
+/// Waits until no IPv6 address on the link is tentative (DAD done).
+fn settle_addresses(nl: &mut dyn Netlink, link: &CreatedLink) -> CniResult<()> {
+    let deadline = Instant::now() + DAD_SETTLE_TIMEOUT;
+    loop {
+        let addrs = nl.addresses(Ns::Pod, link.index).map_err(datapath)?;
+        if let Some(failed) = addrs.iter().find(|a| a.dad_failed) {
+            return Err(CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!("address {} on {:?} failed duplicate address detection: another host on the segment uses it", failed.addr, link.name),
+            ));
+        }
+        if !addrs.iter().any(|a| a.tentative) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            log::warn(&format!("IPv6 addresses on {:?} still tentative after {DAD_SETTLE_TIMEOUT:?}; adding routes anyway", link.name));
+            return Ok(());
+        }
+        std::thread::sleep(DAD_POLL_INTERVAL);
+    }
+}
+
+/// DEL: removes `ifname` from the pod netns; already gone is success.
+pub fn remove_link(nl: &mut dyn Netlink, ifname: &str) -> CniResult<()> {
+    let Some(link) = nl.link_by_name(Ns::Pod, ifname).map_err(datapath)? else {
+        return Ok(());
+    };
+    match nl.delete_link(Ns::Pod, link.index) {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_no_device() => Ok(()),
+        Err(e) => Err(CniError::datapath(format!(
+            "cannot delete {ifname:?} from the pod netns: {e}"
+        ))),
+    }
+}
+
+fn mismatch(msg: String) -> CniError {
+    CniError::new(CHECK_MISMATCH, msg)
+}
+
+/// What CHECK expects to find, from prevResult and the config.
+pub struct Expected<'a> {
+    pub ifname: &'a str,
+    pub mode: MacvlanMode,
+    pub mac: Option<&'a str>,
+    pub ips: Vec<IpNet>,
+    pub routes: &'a [Route],
+}
+
+pub fn check_link(nl: &mut dyn Netlink, want: &Expected<'_>) -> CniResult<()> {
+    let ifname = want.ifname;
+    let link = nl
+        .link_by_name(Ns::Pod, ifname)
+        .map_err(datapath)?
+        .ok_or_else(|| {
+            mismatch(format!(
+                "interface {ifname:?} from prevResult is not in the pod netns"
+            ))
+        })?;
+    if link.kind.as_deref() != Some("macvlan") {
+        return Err(mismatch(format!(
+            "interface {ifname:?} is a {} link, not a macvlan",
+            link.kind.as_deref().unwrap_or("plain")
+        )));
+    }
+    if link.macvlan_mode != Some(want.mode) {
+        let actual = link
+            .macvlan_mode
+            .map(MacvlanMode::as_str)
+            .unwrap_or("unknown");
+        return Err(mismatch(format!(
+            "macvlan {ifname:?} is in mode {actual}, the config says {}",
+            want.mode.as_str()
+        )));
+    }
+    if let Some(mac) = want.mac {
+        let actual = link.mac.as_ref().map(format_mac).unwrap_or_default();
+        if !actual.eq_ignore_ascii_case(mac) {
+            return Err(mismatch(format!(
+                "macvlan {ifname:?} has MAC {actual}, prevResult says {mac}"
+            )));
+        }
+    }
+    let addrs = nl.addresses(Ns::Pod, link.index).map_err(datapath)?;
+    for ip in &want.ips {
+        if !addrs.iter().any(|a| a.addr == *ip) {
+            return Err(mismatch(format!(
+                "address {ip} from prevResult is missing on {ifname:?}"
+            )));
+        }
+    }
+    let routes = nl.routes(Ns::Pod).map_err(datapath)?;
+    for r in want.routes {
+        let dst = r.dst.trunc();
+        let found = routes
+            .iter()
+            .any(|have| have.dst == dst && (r.gw.is_none() || have.gw == r.gw));
+        if !found {
+            let via = r.gw.map(|g| format!(" via {g}")).unwrap_or_default();
+            return Err(mismatch(format!(
+                "route {}{via} from prevResult is missing in the pod netns",
+                r.dst
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datapath::fake::FakeNetlink;
+
+    fn fake() -> FakeNetlink {
+        FakeNetlink::new()
+            .with_device(Ns::Node, "uplink0", 1500)
+            .with_default_route(Ns::Node, "uplink0")
+    }
+
+    fn spec() -> LinkSpec {
+        LinkSpec {
+            mode: MacvlanMode::Bridge,
+            mtu: 0,
+            mac: None,
+            bc_queue_len: None,
+        }
+    }
+
+    fn ip(s: &str, gw: Option<&str>) -> IpConfig {
+        IpConfig {
+            interface: Some(0),
+            address: s.parse().unwrap(),
+            gateway: gw.map(|g| g.parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn master_from_config_or_default_route() {
+        let mut nl = fake();
+        assert_eq!(
+            resolve_master(&mut nl, Some("uplink0"), false, 0)
+                .unwrap()
+                .name,
+            "uplink0"
+        );
+        assert_eq!(
+            resolve_master(&mut nl, None, false, 1500).unwrap().name,
+            "uplink0"
+        );
+    }
+
+    #[test]
+    fn master_errors_are_config_errors_naming_the_master() {
+        let mut nl = fake();
+        let e = resolve_master(&mut nl, Some("nope0"), false, 0).unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.msg.contains("\"nope0\""));
+        let e = resolve_master(&mut nl, Some("uplink0"), false, 1501).unwrap_err();
+        assert!(
+            e.msg.contains("1501") && e.msg.contains("1500"),
+            "{}",
+            e.msg
+        );
+        let e = resolve_master(&mut nl, None, true, 0).unwrap_err();
+        assert!(e.msg.contains("default route"), "{}", e.msg);
+    }
+
+    #[test]
+    fn link_in_container_looks_in_the_pod() {
+        let mut nl = FakeNetlink::new().with_device(Ns::Pod, "podup", 9000);
+        let m = resolve_master(&mut nl, Some("podup"), true, 9000).unwrap();
+        assert_eq!(m.ns, Ns::Pod);
+        assert!(resolve_master(&mut nl, Some("podup"), false, 0).is_err());
+    }
+
+    #[test]
+    fn create_renames_into_place() {
+        let mut nl = fake();
+        let m = resolve_master(&mut nl, None, false, 0).unwrap();
+        let link = create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        assert_eq!(nl.link_names(Ns::Pod), vec!["net1"]);
+        assert_eq!(link.name, "net1");
+        let l = nl.link(Ns::Pod, "net1").unwrap();
+        assert_eq!(l.state.mtu, 1500);
+        assert!(!l.state.up, "a new link stays down until configured");
+    }
+
+    #[test]
+    fn temp_name_clash_is_retried() {
+        let mut nl = fake().fail("create_macvlan", libc::EEXIST);
+        let m = resolve_master(&mut nl, None, false, 0).unwrap();
+        create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        let creates = nl
+            .calls
+            .iter()
+            .filter(|c| c.starts_with("create_macvlan"))
+            .count();
+        assert_eq!(creates, 2);
+    }
+
+    #[test]
+    fn existing_ifname_fails_and_leaves_nothing() {
+        let mut nl = fake().with_device(Ns::Pod, "net1", 1500);
+        let m = resolve_master(&mut nl, None, false, 0).unwrap();
+        let e = create_link(&mut nl, "net1", &m, &spec()).unwrap_err();
+        assert!(e.msg.contains("already exists"), "{}", e.msg);
+        assert_eq!(
+            nl.link_names(Ns::Pod),
+            vec!["net1"],
+            "the temporary link is removed"
+        );
+    }
+
+    #[test]
+    fn create_failure_is_reported_with_master() {
+        let mut nl = fake().fail("create_macvlan", libc::EPERM);
+        let m = resolve_master(&mut nl, None, false, 0).unwrap();
+        let e = create_link(&mut nl, "net1", &m, &spec()).unwrap_err();
+        assert_eq!(e.code, code::DATAPATH);
+        assert!(e.msg.contains("uplink0"));
+        assert!(nl.link_names(Ns::Pod).is_empty());
+    }
+
+    #[test]
+    fn l3_config_uses_gateway_fallback_per_family() {
+        let mut nl = fake();
+        let m = resolve_master(&mut nl, None, false, 0).unwrap();
+        let link = create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        let ips = [
+            ip("10.0.0.5/24", Some("10.0.0.1")),
+            ip("fd00::5/64", Some("fd00::1")),
+        ];
+        let routes = [
+            Route::new("0.0.0.0/0".parse().unwrap(), None),
+            Route::new(
+                "10.9.0.0/16".parse().unwrap(),
+                Some("10.0.0.254".parse().unwrap()),
+            ),
+            Route::new("::/0".parse().unwrap(), None),
+        ];
+        configure_l3(&mut nl, &link, &ips, &routes).unwrap();
+        let added: Vec<_> = nl
+            .calls
+            .iter()
+            .filter(|c| c.starts_with("add_route"))
+            .cloned()
+            .collect();
+        assert_eq!(
+            added,
+            vec![
+                format!("add_route Pod 0.0.0.0/0 via 10.0.0.1 dev {}", link.index),
+                format!(
+                    "add_route Pod 10.9.0.0/16 via 10.0.0.254 dev {}",
+                    link.index
+                ),
+                format!("add_route Pod ::/0 via fd00::1 dev {}", link.index),
+            ]
+        );
+        assert!(nl.link(Ns::Pod, "net1").unwrap().state.up);
+        assert_eq!(
+            nl.sysctls
+                .get(&(Ns::Pod, "net/ipv4/conf/net1/arp_notify".into()))
+                .map(String::as_str),
+            Some("1")
+        );
+    }
+
+    #[test]
+    fn route_without_any_gateway_is_on_link() {
+        let mut nl = fake();
+        let m = resolve_master(&mut nl, None, false, 0).unwrap();
+        let link = create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        configure_l3(
+            &mut nl,
+            &link,
+            &[ip("10.0.0.5/24", None)],
+            &[Route::new("10.8.0.0/16".parse().unwrap(), None)],
+        )
+        .unwrap();
+        assert!(nl
+            .calls
+            .contains(&format!("add_route Pod 10.8.0.0/16 dev {}", link.index)));
+    }
+
+    #[test]
+    fn ipv6_is_enabled_when_disabled() {
+        let mut nl = fake();
+        nl.sysctls.insert(
+            (Ns::Pod, "net/ipv6/conf/lo/disable_ipv6".into()),
+            "1".into(),
+        );
+        let m = resolve_master(&mut nl, None, false, 0).unwrap();
+        let link = create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        configure_l3(&mut nl, &link, &[ip("fd00::5/64", None)], &[]).unwrap();
+        assert_eq!(
+            nl.sysctls[&(Ns::Pod, "net/ipv6/conf/lo/disable_ipv6".into())],
+            "0"
+        );
+    }
+
+    #[test]
+    fn sysctl_failures_do_not_fail_the_add() {
+        let mut nl = fake().fail("write_sysctl", libc::EACCES);
+        let m = resolve_master(&mut nl, None, false, 0).unwrap();
+        let link = create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        configure_l3(&mut nl, &link, &[ip("10.0.0.5/24", None)], &[]).unwrap();
+    }
+
+    #[test]
+    fn address_failure_is_named_and_discard_removes_link() {
+        let mut nl = fake().fail("add_address", libc::EINVAL);
+        let m = resolve_master(&mut nl, None, false, 0).unwrap();
+        let link = create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        let e = configure_l3(&mut nl, &link, &[ip("10.0.0.5/24", None)], &[]).unwrap_err();
+        assert!(e.msg.contains("10.0.0.5/24"), "{}", e.msg);
+        discard_link(&mut nl, &link).unwrap();
+        assert!(nl.link_names(Ns::Pod).is_empty());
+    }
+
+    #[test]
+    fn remove_is_idempotent() {
+        let mut nl = fake();
+        let m = resolve_master(&mut nl, None, false, 0).unwrap();
+        create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        remove_link(&mut nl, "net1").unwrap();
+        remove_link(&mut nl, "net1").unwrap();
+        assert!(nl.link_names(Ns::Pod).is_empty());
+    }
+
+    #[test]
+    fn remove_reports_real_failures() {
+        let mut nl = fake();
+        let m = resolve_master(&mut nl, None, false, 0).unwrap();
+        create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        let mut nl = nl.fail("delete_link", libc::EBUSY);
+        let e = remove_link(&mut nl, "net1").unwrap_err();
+        assert!(e.msg.contains("net1"));
+    }
+
+    fn configured() -> (FakeNetlink, CreatedLink, Vec<Route>) {
+        let mut nl = fake();
+        let m = resolve_master(&mut nl, None, false, 0).unwrap();
+        let link = create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        let routes = vec![Route::new("0.0.0.0/0".parse().unwrap(), None)];
+        configure_l3(
+            &mut nl,
+            &link,
+            &[ip("10.0.0.5/24", Some("10.0.0.1"))],
+            &routes,
+        )
+        .unwrap();
+        (nl, link, routes)
+    }
+
+    #[test]
+    fn check_passes_on_what_add_built() {
+        let (mut nl, link, routes) = configured();
+        let mac = link.mac_string();
+        let want = Expected {
+            ifname: "net1",
+            mode: MacvlanMode::Bridge,
+            mac: mac.as_deref(),
+            ips: vec!["10.0.0.5/24".parse().unwrap()],
+            routes: &routes,
+        };
+        check_link(&mut nl, &want).unwrap();
+    }
+
+    #[test]
+    fn check_catches_each_kind_of_drift() {
+        let (mut nl, link, routes) = configured();
+        let mac = link.mac_string();
+        let base = || Expected {
+            ifname: "net1",
+            mode: MacvlanMode::Bridge,
+            mac: mac.as_deref(),
+            ips: vec!["10.0.0.5/24".parse().unwrap()],
+            routes: &routes,
+        };
+        let other_routes = [Route::new("10.7.0.0/16".parse().unwrap(), None)];
+        let cases: Vec<(Expected, &str)> = vec![
+            (
+                Expected {
+                    ifname: "net9",
+                    ..base()
+                },
+                "not in the pod netns",
+            ),
+            (
+                Expected {
+                    mode: MacvlanMode::Vepa,
+                    ..base()
+                },
+                "mode bridge",
+            ),
+            (
+                Expected {
+                    mac: Some("02:00:00:00:00:99"),
+                    ..base()
+                },
+                "has MAC",
+            ),
+            (
+                Expected {
+                    ips: vec!["10.0.0.6/24".parse().unwrap()],
+                    ..base()
+                },
+                "10.0.0.6/24",
+            ),
+            (
+                Expected {
+                    routes: &other_routes,
+                    ..base()
+                },
+                "10.7.0.0/16",
+            ),
+        ];
+        for (want, needle) in cases {
+            let e = check_link(&mut nl, &want).unwrap_err();
+            assert_eq!(e.code, CHECK_MISMATCH);
+            assert!(e.msg.contains(needle), "{} lacks {needle}", e.msg);
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! IPAM drivers. `DelegatedIpam` runs any `ipam.type` binary from CNI_PATH
+//! with the standard protocol, exactly as the reference macvlan does, so
+//! host-local, static and whereabouts work behind us unchanged. The
+//! in-process sticky IPAM arrives as a second implementation of `Ipam`.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command as Process, Stdio};
+
+use serde_json::Value;
+
+use crate::cni::{code, CniError, CniOutput, CniResult, CniVersion, Command};
+
+pub trait Ipam {
+    fn add(&mut self) -> CniResult<CniOutput>;
+    fn del(&mut self) -> CniResult<()>;
+    fn check(&mut self) -> CniResult<()>;
+    fn status(&mut self) -> CniResult<()>;
+    fn gc(&mut self) -> CniResult<()>;
+}
+
+/// Finds `plugin` in a colon-separated CNI_PATH.
+pub fn find_in_path(plugin: &str, cni_path: &str) -> CniResult<PathBuf> {
+    for dir in cni_path.split(':').filter(|d| !d.is_empty()) {
+        let candidate = Path::new(dir).join(plugin);
+        if let Ok(meta) = std::fs::metadata(&candidate) {
+            if meta.is_file() && meta.permissions().mode() & 0o111 != 0 {
+                return Ok(candidate);
+            }
+        }
+    }
+    Err(CniError::invalid_config(format!(
+        "ipam plugin {plugin:?} not found in CNI_PATH {cni_path:?}: install it there or fix ipam.type"
+    )))
+}
+
+pub struct DelegatedIpam {
+    plugin: String,
+    cni_path: String,
+    stdin: Vec<u8>,
+    version: CniVersion,
+}
+
+impl DelegatedIpam {
+    pub fn new(plugin: &str, cni_path: &str, stdin: &[u8], version: CniVersion) -> DelegatedIpam {
+        DelegatedIpam {
+            plugin: plugin.into(),
+            cni_path: cni_path.into(),
+            stdin: stdin.to_vec(),
+            version,
+        }
+    }
+
+    /// Runs the delegate with our environment and CNI_COMMAND set to `cmd`,
+    /// returning its stdout on success.
+    fn exec(&self, cmd: Command) -> CniResult<Vec<u8>> {
+        let path = find_in_path(&self.plugin, &self.cni_path)?;
+        let context = format!("ipam plugin {:?} {}", self.plugin, cmd.as_str());
+        let mut child = Process::new(&path)
+            .env("CNI_COMMAND", cmd.as_str())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| {
+                CniError::new(
+                    code::IPAM_DELEGATE,
+                    format!("{context}: cannot run {}: {e}", path.display()),
+                )
+            })?;
+        if let Some(mut stdin) = child.stdin.take() {
+            // A delegate that exits without reading stdin is not our error.
+            let _ = stdin.write_all(&self.stdin);
+        }
+        let out = child.wait_with_output().map_err(|e| {
+            CniError::new(
+                code::IPAM_DELEGATE,
+                format!("{context}: cannot wait for it: {e}"),
+            )
+        })?;
+        if out.status.success() {
+            return Ok(out.stdout);
+        }
+        Err(decode_delegate_error(
+            &out.stdout,
+            &context,
+            out.status.code(),
+        ))
+    }
+}
+
+/// Turns a delegate's error output into our error, keeping its code so
+/// kubelet sees e.g. "try again later" from the IPAM unchanged.
+fn decode_delegate_error(stdout: &[u8], context: &str, exit: Option<i32>) -> CniError {
+    if let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(stdout) {
+        if let Some(code) = obj.get("code").and_then(Value::as_u64) {
+            let msg = obj.get("msg").and_then(Value::as_str).unwrap_or("");
+            let details = obj.get("details").and_then(Value::as_str).unwrap_or("");
+            return CniError::new(
+                u32::try_from(code).unwrap_or(code::IPAM_DELEGATE),
+                format!("{context}: {msg}"),
+            )
+            .with_details(details);
+        }
+    }
+    let text = String::from_utf8_lossy(stdout);
+    let text = text.trim();
+    let exit = exit
+        .map(|c| format!("exit code {c}"))
+        .unwrap_or_else(|| "killed by a signal".into());
+    CniError::new(
+        code::IPAM_DELEGATE,
+        format!(
+            "{context} failed ({exit}) without a CNI error: {:.300}",
+            text
+        ),
+    )
+}
+
+impl Ipam for DelegatedIpam {
+    fn add(&mut self) -> CniResult<CniOutput> {
+        let out = self.exec(Command::Add)?;
+        let context = format!("ipam plugin {:?} ADD", self.plugin);
+        let value: Value = serde_json::from_slice(&out).map_err(|e| {
+            CniError::new(
+                code::IPAM_DELEGATE,
+                format!("{context} printed a result that is not JSON: {e}"),
+            )
+        })?;
+        let result =
+            CniOutput::from_json(&value, self.version, &format!("the result of {context}"))?;
+        if result.ips.is_empty() {
+            return Err(CniError::new(
+                code::IPAM_DELEGATE,
+                format!("{context} returned no IP addresses"),
+            ));
+        }
+        Ok(result)
+    }
+
+    fn del(&mut self) -> CniResult<()> {
+        self.exec(Command::Del).map(drop)
+    }
+
+    fn check(&mut self) -> CniResult<()> {
+        self.exec(Command::Check).map(drop)
+    }
+
+    fn status(&mut self) -> CniResult<()> {
+        self.exec(Command::Status).map(drop)
+    }
+
+    fn gc(&mut self) -> CniResult<()> {
+        self.exec(Command::Gc).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delegate_error_keeps_code_and_names_the_plugin() {
+        let e = decode_delegate_error(
+            br#"{"code":11,"msg":"busy","details":"d"}"#,
+            "ipam plugin \"x\" ADD",
+            Some(1),
+        );
+        assert_eq!(e.code, 11);
+        assert_eq!(e.msg, "ipam plugin \"x\" ADD: busy");
+        assert_eq!(e.details, "d");
+    }
+
+    #[test]
+    fn garbage_from_a_delegate_is_our_code() {
+        let e = decode_delegate_error(b"panic: oops", "ipam plugin \"x\" ADD", Some(2));
+        assert_eq!(e.code, code::IPAM_DELEGATE);
+        assert!(e.msg.contains("exit code 2") && e.msg.contains("panic: oops"));
+    }
+
+    #[test]
+    fn missing_plugin_is_a_config_error() {
+        let e = find_in_path("no-such-ipam", "/nonexistent:/also-not").unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.msg.contains("no-such-ipam"));
+    }
+
+    #[test]
+    fn finds_an_executable_in_path() {
+        assert!(find_in_path("sh", "/nonexistent:/bin").is_ok());
+    }
+}

@@ -1,0 +1,10 @@
+//! sticky-macvlan: a CNI main plugin that puts a macvlan into the pod's
+//! netns. See ARCHITECTURE.md for the map.
+
+pub mod cli;
+pub mod cni;
+pub mod commands;
+pub mod config;
+pub mod datapath;
+pub mod ipam;
+pub mod log;
