@@ -1,1 +1,360 @@
+//! End-to-end harness: real network namespaces shaped like DESIGN.md §9.
+//!
+//! A `Topology` owns a fabric netns (a Linux bridge as the physical switch),
+//! node netns whose veth uplink into the fabric is the macvlan master, a
+//! router netns on the fabric, and pod netns. Every name carries a prefix
+//! unique to this process and topology; `Drop` deletes everything, also when
+//! a test panics, and `sweep_stale` removes leftovers of dead test runs.
+//! Veths are created inside the fabric netns with their peer born in the
+//! node netns, so the host's own namespace is never touched.
 
+pub mod cni;
+pub mod state;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub use cni::{CniCall, CniReply};
+
+/// All our namespaces start with this; the pid after it tells `sweep_stale`
+/// whether the run that made them is still alive.
+pub const NETNS_PREFIX: &str = "smvt-";
+pub const SUBNET_PREFIX: &str = "10.213.0";
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// Fails loudly unless root: these tests need namespaces, and CI runs them
+/// as root, so skipping would hide a broken run.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    assert_eq!(uid, 0, "e2e tests need root (network namespaces); run them with sudo or as root (CI=true never skips)");
+}
+
+pub fn run(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    if !out.status.success() {
+        panic!(
+            "{cmd:?} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+pub fn ip(args: &[&str]) -> Output {
+    run(Command::new("ip").args(args))
+}
+
+pub fn ip_ok(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Removes namespaces left by test runs whose process is gone.
+pub fn sweep_stale() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        let Some(rest) = name.strip_prefix(NETNS_PREFIX) else {
+            continue;
+        };
+        let pid: u32 = rest
+            .split('-')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        if pid != 0 && !PathBuf::from(format!("/proc/{pid}")).exists() {
+            let _ = Command::new("ip").args(["netns", "del", name]).output();
+        }
+    }
+}
+
+pub struct Node {
+    pub netns: String,
+    /// The macvlan master inside the node netns.
+    pub uplink: String,
+}
+
+pub struct Pod {
+    pub netns: String,
+    pub path: String,
+}
+
+pub struct Topology {
+    pub prefix: String,
+    pub fabric: String,
+    pub router: String,
+    pub nodes: Vec<Node>,
+    pub state_dir: PathBuf,
+    namespaces: Vec<String>,
+    links: u32,
+}
+
+impl Topology {
+    /// A fabric bridge, a router at .1 and `nodes` node netns.
+    pub fn new(nodes: usize) -> Topology {
+        require_root();
+        sweep_stale();
+        let prefix = format!(
+            "{NETNS_PREFIX}{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        );
+        let state_dir = std::env::temp_dir().join(&prefix);
+        std::fs::create_dir_all(&state_dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", state_dir.display()));
+        let mut topo = Topology {
+            fabric: format!("{prefix}-fabric"),
+            router: format!("{prefix}-router"),
+            prefix,
+            nodes: vec![],
+            state_dir,
+            namespaces: vec![],
+            links: 0,
+        };
+        let fabric = topo.fabric.clone();
+        topo.add_netns(&fabric);
+        ip(&["-n", &fabric, "link", "add", "br0", "type", "bridge"]);
+        // No STP forwarding delay: the "switch" forwards at once.
+        ip(&[
+            "-n",
+            &fabric,
+            "link",
+            "set",
+            "br0",
+            "type",
+            "bridge",
+            "forward_delay",
+            "0",
+            "stp_state",
+            "0",
+        ]);
+        ip(&["-n", &fabric, "link", "set", "br0", "up"]);
+        let router = topo.router.clone();
+        topo.add_netns(&router);
+        topo.uplink(&router, "eth0");
+        ip(&[
+            "-n",
+            &router,
+            "addr",
+            "add",
+            &format!("{SUBNET_PREFIX}.1/24"),
+            "dev",
+            "eth0",
+        ]);
+        ip(&[
+            "-n",
+            &router,
+            "addr",
+            "add",
+            "fd00:213::1/64",
+            "dev",
+            "eth0",
+            "nodad",
+        ]);
+        for _ in 0..nodes {
+            topo.add_node();
+        }
+        topo
+    }
+
+    fn add_netns(&mut self, name: &str) {
+        ip(&["netns", "add", name]);
+        self.namespaces.push(name.to_string());
+        ip(&["-n", name, "link", "set", "lo", "up"]);
+    }
+
+    /// A veth from `netns` (named `ifname` there) into the fabric bridge.
+    pub fn uplink(&mut self, netns: &str, ifname: &str) {
+        self.links += 1;
+        let fab_end = format!("p{}", self.links);
+        ip(&[
+            "-n",
+            &self.fabric,
+            "link",
+            "add",
+            &fab_end,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            ifname,
+            "netns",
+            netns,
+        ]);
+        ip(&[
+            "-n",
+            &self.fabric,
+            "link",
+            "set",
+            &fab_end,
+            "master",
+            "br0",
+            "up",
+        ]);
+        ip(&["-n", netns, "link", "set", ifname, "up"]);
+    }
+
+    pub fn add_node(&mut self) -> usize {
+        let netns = format!("{}-node{}", self.prefix, self.nodes.len() + 1);
+        self.add_netns(&netns);
+        self.uplink(&netns, "uplink0");
+        self.nodes.push(Node {
+            netns,
+            uplink: "uplink0".into(),
+        });
+        self.nodes.len() - 1
+    }
+
+    pub fn add_pod(&mut self, name: &str) -> Pod {
+        let netns = format!("{}-{name}", self.prefix);
+        self.add_netns(&netns);
+        Pod {
+            path: format!("/var/run/netns/{netns}"),
+            netns,
+        }
+    }
+
+    /// Deletes a netns: for a node, a crash (its uplink and every macvlan on
+    /// it die with it).
+    pub fn delete_netns(&mut self, name: &str) {
+        ip(&["netns", "del", name]);
+        self.namespaces.retain(|n| n != name);
+    }
+
+    pub fn node(&self, i: usize) -> &Node {
+        &self.nodes[i]
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.state_dir.join(name)
+    }
+
+    pub fn ping_from(&self, netns: &str, target: &str) -> bool {
+        Command::new("ip")
+            .args(["netns", "exec", netns, "ping", "-c", "1", "-W", "2", target])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        for ns in self.namespaces.iter().rev() {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
+}
+
+/// Where the built binaries are: target/<profile>/ next to this crate's
+/// test executable.
+pub fn target_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("STICKY_TARGET_DIR") {
+        return PathBuf::from(dir);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir
+}
+
+pub fn our_plugin() -> PathBuf {
+    let p = target_dir().join("sticky-macvlan");
+    assert!(
+        p.exists(),
+        "{} is missing: build it first (cargo build -p sticky-macvlan)",
+        p.display()
+    );
+    p
+}
+
+pub const REFERENCE_DIR: &str = "/usr/lib/cni";
+
+pub fn reference_plugin(name: &str) -> PathBuf {
+    let p = PathBuf::from(REFERENCE_DIR).join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: install the Debian package containernetworking-plugins",
+        p.display()
+    );
+    p
+}
+
+/// Config builders shared by the tests and the benchmark.
+pub mod configs {
+    use serde_json::{json, Value};
+    use std::path::Path;
+
+    pub const OUR_TYPE: &str = "sticky-macvlan";
+    pub const REF_TYPE: &str = "macvlan";
+
+    pub fn macvlan(plugin_type: &str, version: &str, master: &str, ipam: Value) -> Value {
+        json!({
+            "cniVersion": version,
+            "name": "macnet",
+            "type": plugin_type,
+            "master": master,
+            "ipam": ipam,
+        })
+    }
+
+    pub fn host_local(data_dir: &Path) -> Value {
+        json!({
+            "type": "host-local",
+            "subnet": format!("{}.0/24", super::SUBNET_PREFIX),
+            "rangeStart": format!("{}.10", super::SUBNET_PREFIX),
+            "rangeEnd": format!("{}.200", super::SUBNET_PREFIX),
+            "gateway": format!("{}.1", super::SUBNET_PREFIX),
+            "routes": [{"dst": "0.0.0.0/0"}, {"dst": "10.214.0.0/16", "gw": format!("{}.254", super::SUBNET_PREFIX)}],
+            "dataDir": data_dir,
+        })
+    }
+
+    pub fn host_local_dual_stack(data_dir: &Path) -> Value {
+        json!({
+            "type": "host-local",
+            "ranges": [
+                [{"subnet": format!("{}.0/24", super::SUBNET_PREFIX), "rangeStart": format!("{}.10", super::SUBNET_PREFIX), "gateway": format!("{}.1", super::SUBNET_PREFIX)}],
+                [{"subnet": "fd00:213::/64", "rangeStart": "fd00:213::10", "rangeEnd": "fd00:213::ff", "gateway": "fd00:213::1"}]
+            ],
+            "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
+            "dataDir": data_dir,
+        })
+    }
+
+    pub fn static_ipam() -> Value {
+        json!({
+            "type": "static",
+            "addresses": [{"address": format!("{}.50/24", super::SUBNET_PREFIX), "gateway": format!("{}.1", super::SUBNET_PREFIX)}],
+            "routes": [{"dst": "0.0.0.0/0"}],
+            "dns": {"nameservers": ["10.213.0.53"], "search": ["svc.example"]},
+        })
+    }
+
+    /// IP files host-local holds in `dir` (empty when nothing is allocated).
+    pub fn host_local_allocations(dir: &Path) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(dir.join("macnet")) else {
+            return vec![];
+        };
+        entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| n != "lock" && !n.starts_with("last_reserved_ip"))
+            .collect()
+    }
+}

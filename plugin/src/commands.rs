@@ -227,11 +227,10 @@ fn finish_l3(
     macvlan::configure_l3(nl, link, &ips, &allocated.routes)?;
     out.ips.extend(ips);
     out.routes.extend(allocated.routes);
-    out.dns = if conf.dns.is_empty() {
-        allocated.dns
-    } else {
-        conf.dns.clone()
-    };
+    // The config's dns, not the IPAM's, as the reference macvlan does.
+    if !conf.dns.is_empty() {
+        out.dns = conf.dns.clone();
+    }
     out.to_json(conf.cni_version)
 }
 

@@ -26,9 +26,11 @@ impl MacvlanMode {
             "private" => MacvlanMode::Private,
             "vepa" => MacvlanMode::Vepa,
             "passthru" => MacvlanMode::Passthru,
-            other => return Err(CniError::invalid_config(format!(
+            other => {
+                return Err(CniError::invalid_config(format!(
                 "unknown macvlan mode {other:?}: set \"mode\" to bridge, private, vepa or passthru"
-            ))),
+            )))
+            }
         })
     }
 
@@ -216,9 +218,11 @@ impl NetConf {
 
         let mtu = match raw.mtu.unwrap_or(0) {
             m if (0..=i64::from(u32::MAX)).contains(&m) => m as u32,
-            m => return Err(CniError::invalid_config(format!(
+            m => {
+                return Err(CniError::invalid_config(format!(
                 "invalid MTU {m}: it must be between 0 (inherit the master's) and the master's MTU"
-            ))),
+            )))
+            }
         };
 
         let runtime = raw.runtime_config;

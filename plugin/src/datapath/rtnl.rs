@@ -305,7 +305,9 @@ impl Netlink for RtnlClient {
 
     fn create_macvlan(&mut self, req: &NewMacvlan) -> NlResult<()> {
         let mut builder =
-            LinkMacVlan::new(&req.tmp_name, req.master_index, to_kernel_mode(req.mode));
+            LinkMacVlan::new(&req.tmp_name, req.master_index, to_kernel_mode(req.mode))
+                // txqueuelen 0 like the reference: a macvlan queues on its master.
+                .txqueuelen(0);
         if req.master_ns == Ns::Node {
             // Born directly in the pod netns: no move step, no name clash
             // with the node's own interfaces.

@@ -1,0 +1,173 @@
+//! Running a CNI plugin binary inside a node netns, as a runtime would.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+#[derive(Debug, Clone)]
+pub struct CniCall {
+    pub plugin: PathBuf,
+    pub node_netns: String,
+    pub command: String,
+    pub container_id: String,
+    pub netns: String,
+    pub ifname: String,
+    pub args: String,
+    pub cni_path: String,
+    pub config: Value,
+    /// Variables to leave out entirely (to test missing env).
+    pub unset: Vec<&'static str>,
+}
+
+#[derive(Debug, Clone)]
+pub struct CniReply {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub json: Option<Value>,
+    pub elapsed: Duration,
+}
+
+impl CniReply {
+    /// The error code, if the plugin failed with a CNI error.
+    pub fn code(&self) -> Option<u64> {
+        if self.success {
+            return None;
+        }
+        self.json
+            .as_ref()
+            .and_then(|j| j.get("code"))
+            .and_then(Value::as_u64)
+    }
+
+    pub fn msg(&self) -> String {
+        self.json
+            .as_ref()
+            .and_then(|j| j.get("msg"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    }
+
+    #[track_caller]
+    pub fn expect_ok(&self) -> &Value {
+        assert!(
+            self.success,
+            "plugin failed: stdout={} stderr={}",
+            self.stdout, self.stderr
+        );
+        self.json.as_ref().unwrap_or(&Value::Null)
+    }
+}
+
+impl CniCall {
+    pub fn new(plugin: &Path, node_netns: &str, command: &str, config: Value) -> CniCall {
+        CniCall {
+            plugin: plugin.to_path_buf(),
+            node_netns: node_netns.to_string(),
+            command: command.to_string(),
+            container_id: "ctr1".into(),
+            netns: String::new(),
+            ifname: "net1".into(),
+            args: String::new(),
+            cni_path: crate::REFERENCE_DIR.into(),
+            config,
+            unset: vec![],
+        }
+    }
+
+    pub fn container(mut self, id: &str) -> Self {
+        self.container_id = id.into();
+        self
+    }
+
+    pub fn netns(mut self, path: &str) -> Self {
+        self.netns = path.into();
+        self
+    }
+
+    pub fn ifname(mut self, name: &str) -> Self {
+        self.ifname = name.into();
+        self
+    }
+
+    pub fn args(mut self, args: &str) -> Self {
+        self.args = args.into();
+        self
+    }
+
+    pub fn cni_path(mut self, path: &str) -> Self {
+        self.cni_path = path.into();
+        self
+    }
+
+    pub fn command(mut self, command: &str) -> Self {
+        self.command = command.into();
+        self
+    }
+
+    pub fn without(mut self, var: &'static str) -> Self {
+        self.unset.push(var);
+        self
+    }
+
+    pub fn run(&self) -> CniReply {
+        self.run_raw(self.config.to_string().as_bytes())
+    }
+
+    /// Runs with exactly these stdin bytes (for malformed configs).
+    pub fn run_raw(&self, stdin: &[u8]) -> CniReply {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.node_netns])
+            .arg(&self.plugin);
+        for var in [
+            "CNI_COMMAND",
+            "CNI_CONTAINERID",
+            "CNI_NETNS",
+            "CNI_IFNAME",
+            "CNI_ARGS",
+            "CNI_PATH",
+        ] {
+            cmd.env_remove(var);
+        }
+        let vars = [
+            ("CNI_COMMAND", &self.command),
+            ("CNI_CONTAINERID", &self.container_id),
+            ("CNI_NETNS", &self.netns),
+            ("CNI_IFNAME", &self.ifname),
+            ("CNI_ARGS", &self.args),
+            ("CNI_PATH", &self.cni_path),
+        ];
+        for (k, v) in vars {
+            if !self.unset.contains(&k) {
+                cmd.env(k, v);
+            }
+        }
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let start = Instant::now();
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.plugin.display()));
+        if let Some(mut pipe) = child.stdin.take() {
+            // A plugin may exit before reading (e.g. on a bad env); ignore EPIPE.
+            let _ = pipe.write_all(stdin);
+        }
+        let out = child
+            .wait_with_output()
+            .unwrap_or_else(|e| panic!("cannot wait for {}: {e}", self.plugin.display()));
+        let elapsed = start.elapsed();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        CniReply {
+            success: out.status.success(),
+            json: serde_json::from_str(stdout.trim()).ok(),
+            stdout,
+            stderr: String::from_utf8_lossy(&out.stderr).to_string(),
+            elapsed,
+        }
+    }
+}
