@@ -1,0 +1,115 @@
+//! ADD+DEL cycle benchmark: ours vs the reference macvlan, both with
+//! host-local, on the e2e topology, interleaved, printed as a table.
+//! Run: `sudo target/release/bench [cycles]` after `cargo build --release`.
+//! The bench process itself enters the node netns, so the plugins are
+//! exec'd directly (no `ip netns exec` cost in the figures).
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sticky_e2e::configs::{self, OUR_TYPE, REF_TYPE};
+use sticky_e2e::{reference_plugin, Topology};
+
+fn exec(plugin: &std::path::Path, command: &str, netns: &str, config: &Value) -> Duration {
+    let start = Instant::now();
+    let mut child = Command::new(plugin)
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", "bench")
+        .env("CNI_NETNS", netns)
+        .env("CNI_IFNAME", "net1")
+        .env("CNI_PATH", sticky_e2e::REFERENCE_DIR)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn plugin");
+    if let Some(mut s) = child.stdin.take() {
+        let _ = s.write_all(config.to_string().as_bytes());
+    }
+    let out = child.wait_with_output().expect("wait plugin");
+    let elapsed = start.elapsed();
+    assert!(
+        out.status.success(),
+        "{} {command} failed: {}",
+        plugin.display(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    elapsed
+}
+
+fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn main() {
+    let cycles: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    let ours = std::env::current_exe()
+        .expect("exe")
+        .with_file_name("sticky-macvlan");
+    assert!(
+        ours.exists(),
+        "build the plugin first: cargo build --release -p sticky-macvlan"
+    );
+    let reference = reference_plugin("macvlan");
+    let mut topo = Topology::new(1);
+    let pod = topo.add_pod("bench");
+    let node =
+        File::open(format!("/var/run/netns/{}", topo.node(0).netns)).expect("open node netns");
+    // SAFETY: setns on our own single thread with a valid netns fd.
+    let rc = unsafe { libc::setns(node.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "setns into the node netns failed");
+
+    let mut rows = Vec::new();
+    for (label, ipam) in [("L3 host-local", true), ("L2 only", false)] {
+        let ipam_conf = |tag: &str| {
+            if ipam {
+                configs::host_local(&topo.file(tag))
+            } else {
+                serde_json::json!({})
+            }
+        };
+        let our_conf = configs::macvlan(OUR_TYPE, "1.0.0", "uplink0", ipam_conf("our"));
+        let ref_conf = configs::macvlan(REF_TYPE, "1.0.0", "uplink0", ipam_conf("ref"));
+        let (mut o, mut r) = (Vec::new(), Vec::new());
+        for i in 0..cycles + 5 {
+            // Interleaved, alternating who goes first; 5 warm-up rounds.
+            let order: [(&std::path::Path, &Value, bool); 2] = if i % 2 == 0 {
+                [(&ours, &our_conf, true), (&reference, &ref_conf, false)]
+            } else {
+                [(&reference, &ref_conf, false), (&ours, &our_conf, true)]
+            };
+            for (plugin, conf, is_ours) in order {
+                let t = exec(plugin, "ADD", &pod.path, conf) + exec(plugin, "DEL", &pod.path, conf);
+                if i >= 5 {
+                    if is_ours {
+                        o.push(t.as_secs_f64() * 1e3)
+                    } else {
+                        r.push(t.as_secs_f64() * 1e3)
+                    }
+                }
+            }
+        }
+        rows.push((label, stats(o), stats(r)));
+    }
+    println!("ADD+DEL cycle, {cycles} interleaved cycles each, ms (median [min..max])");
+    println!(
+        "{:<16} {:>26} {:>26} {:>8}",
+        "case", "sticky-macvlan", "reference macvlan", "ratio"
+    );
+    for (label, (om, omin, omax), (rm, rmin, rmax)) in rows {
+        println!(
+            "{label:<16} {:>26} {:>26} {:>7.2}x",
+            format!("{om:.2} [{omin:.2}..{omax:.2}]"),
+            format!("{rm:.2} [{rmin:.2}..{rmax:.2}]"),
+            om / rm
+        );
+    }
+}
