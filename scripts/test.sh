@@ -29,5 +29,14 @@ cargo build --workspace
 GOPATH="$PWD/e2e/go:/usr/share/gocode" GO111MODULE=off GOCACHE="$PWD/target/go-cache" \
     go build -o target/libcni-driver libcni-driver
 
-# e2e tests share the machine's namespaces: one test binary at a time.
-cargo test --workspace -- --test-threads=2
+LOG=$(mktemp)
+trap 'rm -f "$LOG"' EXIT
+cargo test --workspace -- --test-threads=2 2>&1 | tee "$LOG"
+status=${PIPESTATUS[0]}
+# One closing line for the whole run (cargo prints one per test binary).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?/) p += $i; if ($(i+1) ~ /^failed;?/) f += $i } }
+     END { printf "total: %d passed, %d failed\n", p, f }' "$LOG"
+if ip netns list | grep -q '^smvt-'; then
+    echo "leftover test namespaces:"; ip netns list | grep '^smvt-'; exit 1
+fi
+exit "$status"
