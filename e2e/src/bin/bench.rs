@@ -79,6 +79,7 @@ fn main() {
         let our_conf = configs::macvlan(OUR_TYPE, "1.0.0", "uplink0", ipam_conf("our"));
         let ref_conf = configs::macvlan(REF_TYPE, "1.0.0", "uplink0", ipam_conf("ref"));
         let (mut o, mut r) = (Vec::new(), Vec::new());
+        let (mut oa, mut ra) = (Vec::new(), Vec::new());
         for i in 0..cycles + 5 {
             // Interleaved, alternating who goes first; 5 warm-up rounds.
             let order: [(&std::path::Path, &Value, bool); 2] = if i % 2 == 0 {
@@ -87,26 +88,30 @@ fn main() {
                 [(&reference, &ref_conf, false), (&ours, &our_conf, true)]
             };
             for (plugin, conf, is_ours) in order {
-                let t = exec(plugin, "ADD", &pod.path, conf) + exec(plugin, "DEL", &pod.path, conf);
+                let add = exec(plugin, "ADD", &pod.path, conf);
+                let t = add + exec(plugin, "DEL", &pod.path, conf);
                 if i >= 5 {
-                    if is_ours {
-                        o.push(t.as_secs_f64() * 1e3)
+                    let (cycle, adds) = if is_ours {
+                        (&mut o, &mut oa)
                     } else {
-                        r.push(t.as_secs_f64() * 1e3)
-                    }
+                        (&mut r, &mut ra)
+                    };
+                    cycle.push(t.as_secs_f64() * 1e3);
+                    adds.push(add.as_secs_f64() * 1e3);
                 }
             }
         }
-        rows.push((label, stats(o), stats(r)));
+        rows.push((format!("{label} ADD+DEL"), stats(o), stats(r)));
+        rows.push((format!("{label} ADD"), stats(oa), stats(ra)));
     }
-    println!("ADD+DEL cycle, {cycles} interleaved cycles each, ms (median [min..max])");
+    println!("{cycles} interleaved ADD+DEL cycles each, ms (median [min..max])");
     println!(
         "{:<16} {:>26} {:>26} {:>8}",
         "case", "sticky-macvlan", "reference macvlan", "ratio"
     );
     for (label, (om, omin, omax), (rm, rmin, rmax)) in rows {
         println!(
-            "{label:<16} {:>26} {:>26} {:>7.2}x",
+            "{label:<22} {:>26} {:>26} {:>7.2}x",
             format!("{om:.2} [{omin:.2}..{omax:.2}]"),
             format!("{rm:.2} [{rmin:.2}..{rmax:.2}]"),
             om / rm
