@@ -10,6 +10,7 @@ use serde_json::Value;
 #[derive(Debug, Clone)]
 pub struct CniCall {
     pub plugin: PathBuf,
+    /// Empty: run the plugin in the caller's own netns.
     pub node_netns: String,
     pub command: String,
     pub container_id: String,
@@ -120,9 +121,16 @@ impl CniCall {
 
     /// Runs with exactly these stdin bytes (for malformed configs).
     pub fn run_raw(&self, stdin: &[u8]) -> CniReply {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.node_netns])
-            .arg(&self.plugin);
+        // An empty node_netns means the caller already entered it (the bench
+        // does, so `ip netns exec` is not in its figures).
+        let mut cmd = if self.node_netns.is_empty() {
+            Command::new(&self.plugin)
+        } else {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &self.node_netns])
+                .arg(&self.plugin);
+            c
+        };
         for var in [
             "CNI_COMMAND",
             "CNI_CONTAINERID",

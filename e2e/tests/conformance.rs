@@ -66,6 +66,22 @@ fn config_for(topo: &Topology, case: &Case, plugin_type: &str, version: &str, ta
     c
 }
 
+/// A call for one plugin's side of a case: its container, pod and CNI_ARGS.
+fn side_call(
+    plugin: &std::path::Path,
+    node: &str,
+    verb: &str,
+    config: Value,
+    case: &Case,
+    tag: &str,
+    pod_path: &str,
+) -> CniCall {
+    CniCall::new(plugin, node, verb, config)
+        .container(&format!("c-{tag}"))
+        .netns(pod_path)
+        .args(&case.args)
+}
+
 fn add_side(
     topo: &mut Topology,
     case: &Case,
@@ -79,11 +95,16 @@ fn add_side(
         topo.uplink(&pod.netns, "podup0");
     }
     let config = config_for(topo, case, plugin_type, version, tag);
-    let reply = CniCall::new(plugin, &topo.node(0).netns, "ADD", config.clone())
-        .container(&format!("c-{tag}"))
-        .netns(&pod.path)
-        .args(&case.args)
-        .run();
+    let reply = side_call(
+        plugin,
+        &topo.node(0).netns,
+        "ADD",
+        config.clone(),
+        case,
+        tag,
+        &pod.path,
+    )
+    .run();
     let side = Side {
         pod_netns: pod.netns,
         pod_path: pod.path,
@@ -143,11 +164,16 @@ fn exercise(
     let node = topo.node(0).netns.clone();
     if version >= "0.4.0" {
         let prev = side.result.clone().unwrap_or(Value::Null);
-        let check = CniCall::new(plugin, &node, "CHECK", with_prev(&side.config, &prev))
-            .container(&format!("c-{tag}"))
-            .netns(&side.pod_path)
-            .args(&case.args)
-            .run();
+        let check = side_call(
+            plugin,
+            &node,
+            "CHECK",
+            with_prev(&side.config, &prev),
+            case,
+            tag,
+            &side.pod_path,
+        )
+        .run();
         assert!(
             check.success,
             "{label}: {tag} CHECK after ADD failed: {}",
@@ -159,11 +185,7 @@ fn exercise(
         if let Some(prev) = &side.result {
             config = with_prev(&config, prev);
         }
-        let r = CniCall::new(plugin, &node, "DEL", config)
-            .container(&format!("c-{tag}"))
-            .netns(&side.pod_path)
-            .args(&case.args)
-            .run();
+        let r = side_call(plugin, &node, "DEL", config, case, tag, &side.pod_path).run();
         assert!(
             r.success,
             "{label}: {tag} DEL #{round} failed: {}",

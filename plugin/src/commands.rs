@@ -68,17 +68,14 @@ pub fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Output> {
             )?;
             gc(stdin, ipam_dyn).map(|()| None)
         }
-        Command::Version => unreachable_version(),
+        // Answered above, before the config is read.
+        Command::Version => Ok(Some(crate::cni::version::version_info())),
     };
     match &result {
         Ok(_) => log::info(&format!("{} ok", env.command.as_str())),
         Err(e) => log::error(&format!("{} failed: {e}", env.command.as_str())),
     }
     result
-}
-
-fn unreachable_version() -> CniResult<Output> {
-    Ok(Some(crate::cni::version::version_info()))
 }
 
 fn require(allowed: bool, verb: &str, version: CniVersion) -> CniResult<()> {

@@ -5,40 +5,26 @@
 //! exec'd directly (no `ip netns exec` cost in the figures).
 
 use std::fs::File;
-use std::io::Write;
 use std::os::fd::AsRawFd;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use sticky_e2e::configs::{self, OUR_TYPE, REF_TYPE};
-use sticky_e2e::{reference_plugin, Topology};
+use sticky_e2e::{reference_plugin, CniCall, Topology};
 
 fn exec(plugin: &std::path::Path, command: &str, netns: &str, config: &Value) -> Duration {
-    let start = Instant::now();
-    let mut child = Command::new(plugin)
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", "bench")
-        .env("CNI_NETNS", netns)
-        .env("CNI_IFNAME", "net1")
-        .env("CNI_PATH", sticky_e2e::REFERENCE_DIR)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn plugin");
-    if let Some(mut s) = child.stdin.take() {
-        let _ = s.write_all(config.to_string().as_bytes());
-    }
-    let out = child.wait_with_output().expect("wait plugin");
-    let elapsed = start.elapsed();
+    // "" node netns: this process already lives in it.
+    let reply = CniCall::new(plugin, "", command, config.clone())
+        .container("bench")
+        .netns(netns)
+        .run();
     assert!(
-        out.status.success(),
+        reply.success,
         "{} {command} failed: {}",
         plugin.display(),
-        String::from_utf8_lossy(&out.stdout)
+        reply.stdout
     );
-    elapsed
+    reply.elapsed
 }
 
 fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
