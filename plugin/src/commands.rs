@@ -28,6 +28,7 @@ pub fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Output> {
     }
     let conf = NetConf::parse(stdin)?;
     log::init(
+        "sticky-macvlan",
         conf.log_file.as_deref(),
         conf.log_level,
         format!(

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::cni::env::is_valid_name;
+use crate::cni::log::LogLevel;
 use crate::cni::version::{IMPLICIT_VERSION, SUPPORTED_VERSIONS};
 use crate::cni::{code, CniError, CniResult, CniVersion, Dns};
 
@@ -49,30 +50,6 @@ impl MacvlanMode {
 pub struct IpamSection {
     pub plugin_type: String,
     pub raw: Value,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum LogLevel {
-    Error,
-    Warn,
-    Info,
-    Debug,
-}
-
-impl LogLevel {
-    fn parse(s: &str) -> CniResult<LogLevel> {
-        Ok(match s {
-            "error" => LogLevel::Error,
-            "warn" | "warning" => LogLevel::Warn,
-            "info" => LogLevel::Info,
-            "debug" => LogLevel::Debug,
-            other => {
-                return Err(CniError::invalid_config(format!(
-                    "unknown logLevel {other:?}: use error, warn, info or debug"
-                )))
-            }
-        })
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

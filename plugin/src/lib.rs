@@ -2,9 +2,9 @@
 //! netns. See ARCHITECTURE.md for the map.
 
 pub mod cli;
-pub mod cni;
+pub use cni;
 pub mod commands;
 pub mod config;
 pub mod datapath;
 pub mod ipam;
-pub mod log;
+pub use cni::log;

@@ -1,9 +1,10 @@
-//! The CNI protocol, independent of what the plugin does: versions, env,
+//! The CNI protocol, independent of what a plugin does: versions, env,
 //! `CNI_ARGS`, errors and results.
 
 pub mod args;
 pub mod env;
 pub mod error;
+pub mod log;
 pub mod result;
 pub mod version;
 

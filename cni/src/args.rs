@@ -87,7 +87,7 @@ impl CniArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cni::error::code;
+    use crate::error::code;
 
     #[test]
     fn empty_is_nothing() {

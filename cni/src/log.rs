@@ -9,9 +9,34 @@ use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::config::LogLevel;
+use crate::error::{CniError, CniResult};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+}
+
+impl LogLevel {
+    pub fn parse(s: &str) -> CniResult<LogLevel> {
+        Ok(match s {
+            "error" => LogLevel::Error,
+            "warn" | "warning" => LogLevel::Warn,
+            "info" => LogLevel::Info,
+            "debug" => LogLevel::Debug,
+            other => {
+                return Err(CniError::invalid_config(format!(
+                    "unknown logLevel {other:?}: use error, warn, info or debug"
+                )))
+            }
+        })
+    }
+}
 
 struct Sink {
+    program: &'static str,
     file: Option<Mutex<File>>,
     file_level: LogLevel,
     context: String,
@@ -21,7 +46,7 @@ static SINK: OnceLock<Sink> = OnceLock::new();
 
 /// Sets up the file sink once per process. A log file that cannot be opened
 /// is reported on stderr and otherwise ignored: logging must not fail an ADD.
-pub fn init(path: Option<&Path>, level: LogLevel, context: String) {
+pub fn init(program: &'static str, path: Option<&Path>, level: LogLevel, context: String) {
     let file = path.and_then(|p| {
         match OpenOptions::new()
             .create(true)
@@ -32,7 +57,7 @@ pub fn init(path: Option<&Path>, level: LogLevel, context: String) {
             Ok(f) => Some(Mutex::new(f)),
             Err(e) => {
                 eprintln!(
-                    "sticky-macvlan: warning: cannot open log file {}: {e}",
+                    "{program}: warning: cannot open log file {}: {e}",
                     p.display()
                 );
                 None
@@ -40,6 +65,7 @@ pub fn init(path: Option<&Path>, level: LogLevel, context: String) {
         }
     });
     let _ = SINK.set(Sink {
+        program,
         file,
         file_level: level,
         context,
@@ -58,8 +84,9 @@ fn level_name(level: LogLevel) -> &'static str {
 pub fn log(level: LogLevel, msg: &str) {
     let sink = SINK.get();
     let context = sink.map(|s| s.context.as_str()).unwrap_or("");
+    let program = sink.map(|s| s.program).unwrap_or("cni");
     if level <= LogLevel::Warn {
-        eprintln!("sticky-macvlan: {}: {context}{msg}", level_name(level));
+        eprintln!("{program}: {}: {context}{msg}", level_name(level));
     }
     if let Some(sink) = sink {
         if let (Some(file), true) = (&sink.file, level <= sink.file_level) {
