@@ -2,6 +2,7 @@
 //! `CNI_ARGS`, errors and results.
 
 pub mod args;
+pub mod conf;
 pub mod env;
 pub mod error;
 pub mod log;

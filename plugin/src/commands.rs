@@ -7,6 +7,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::cni::conf::gc_attachments;
 use crate::cni::{
     code, CniArgs, CniEnv, CniError, CniOutput, CniResult, CniVersion, Command, Interface,
 };
@@ -347,36 +348,6 @@ pub fn status(conf: &NetConf, nl: &mut dyn Netlink, ipam: Option<&mut dyn Ipam>)
     }
 }
 
-/// The attachments a GC must keep, from either key the spec has used.
-pub fn gc_attachments(stdin: &[u8]) -> CniResult<Vec<(String, String)>> {
-    let conf: Value = serde_json::from_slice(stdin)
-        .map_err(|e| CniError::decode(format!("cannot parse network config: {e}")))?;
-    let list = conf
-        .get("cni.dev/valid-attachments")
-        .or_else(|| conf.get("cni.dev/attachments"));
-    let Some(list) = list else {
-        return Ok(Vec::new());
-    };
-    let items = list.as_array().ok_or_else(|| {
-        CniError::invalid_config(
-            "cni.dev/valid-attachments must be a list of {\"containerID\", \"ifname\"} objects",
-        )
-    })?;
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            let field = |k: &str| item.get(k).and_then(Value::as_str).map(str::to_string);
-            match (field("containerID"), field("ifname")) {
-                (Some(c), Some(n)) => Ok((c, n)),
-                _ => Err(CniError::invalid_config(format!(
-                    "cni.dev/valid-attachments entry {i} needs string \"containerID\" and \"ifname\""
-                ))),
-            }
-        })
-        .collect()
-}
-
 /// GC: the macvlan itself holds no state outside pod netns (which die with
 /// their pods); the IPAM's leftovers are its to collect.
 pub fn gc(stdin: &[u8], ipam: Option<&mut dyn Ipam>) -> CniResult<()> {
@@ -609,24 +580,6 @@ mod tests {
         assert_eq!(e.code, code::STATUS_UNAVAILABLE);
         let mut nl = self::nl();
         status(&conf("1.1.0", json!({})), &mut nl, None).unwrap();
-    }
-
-    #[test]
-    fn gc_accepts_both_attachment_keys() {
-        for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
-            let stdin = json!({"cniVersion": "1.1.0", "name": "n", "type": "t", key: [{"containerID": "c", "ifname": "net1"}]});
-            assert_eq!(
-                gc_attachments(stdin.to_string().as_bytes()).unwrap(),
-                vec![("c".into(), "net1".into())]
-            );
-        }
-        let bad = json!({"cni.dev/valid-attachments": [{"containerID": 1}]});
-        assert_eq!(
-            gc_attachments(bad.to_string().as_bytes()).unwrap_err().code,
-            code::INVALID_CONFIG
-        );
-        let bad = json!({"cni.dev/valid-attachments": "x"});
-        assert!(gc_attachments(bad.to_string().as_bytes()).is_err());
     }
 
     #[test]

@@ -1,16 +1,17 @@
 //! The network config (stdin), parsed and validated before anything is
-//! touched. Unknown keys are accepted: CNI configs are shared between
-//! plugins in a chain.
+//! touched. The keys every plugin shares are `cni::conf::CommonConf`; this
+//! adds the macvlan ones. Unknown keys are accepted: CNI configs are shared
+//! between plugins in a chain.
 
 use std::path::PathBuf;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::cni::env::is_valid_name;
+pub use crate::cni::conf::{sniff_version, IpamSection};
+use crate::cni::conf::{typed, CommonConf};
 use crate::cni::log::LogLevel;
-use crate::cni::version::{IMPLICIT_VERSION, SUPPORTED_VERSIONS};
-use crate::cni::{code, CniError, CniResult, CniVersion, Dns};
+use crate::cni::{CniError, CniResult, CniVersion, Dns};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MacvlanMode {
@@ -45,13 +46,6 @@ impl MacvlanMode {
     }
 }
 
-/// The `ipam` section. `{}` (or no section) means an L2-only attachment.
-#[derive(Debug, Clone, PartialEq)]
-pub struct IpamSection {
-    pub plugin_type: String,
-    pub raw: Value,
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct NetConf {
     pub cni_version: CniVersion,
@@ -76,123 +70,19 @@ pub struct NetConf {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RawConf {
-    cni_version: Option<String>,
-    name: Option<String>,
-    #[serde(rename = "type")]
-    plugin_type: Option<String>,
-    ipam: Option<Map<String, Value>>,
-    dns: Option<Dns>,
-    args: Option<RawArgs>,
-    runtime_config: Option<RawRuntimeConfig>,
-    prev_result: Option<Value>,
+struct RawMacvlan {
     master: Option<String>,
     mode: Option<String>,
     mtu: Option<i64>,
     mac: Option<String>,
     link_in_container: Option<bool>,
     bcqueuelen: Option<u32>,
-    log_file: Option<String>,
-    log_level: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct RawArgs {
-    cni: Option<Map<String, Value>>,
-}
-
-#[derive(Deserialize)]
-struct RawRuntimeConfig {
-    mac: Option<String>,
-    ips: Option<Vec<String>>,
-}
-
-/// Reads just the version, for answering errors in the caller's version
-/// even when the rest of the config is broken.
-pub fn sniff_version(stdin: &[u8]) -> Option<CniVersion> {
-    #[derive(Deserialize)]
-    struct Sniff {
-        #[serde(rename = "cniVersion")]
-        cni_version: Option<String>,
-    }
-    let sniff: Sniff = serde_json::from_slice(stdin).ok()?;
-    match sniff.cni_version.as_deref() {
-        None | Some("") => Some(IMPLICIT_VERSION),
-        Some(s) => CniVersion::parse(s),
-    }
-}
-
-/// A plugin name that can safely be looked up on CNI_PATH.
-pub fn is_plain_plugin_name(s: &str) -> bool {
-    !s.is_empty() && s != "." && s != ".." && !s.contains('/') && !s.contains('\0')
 }
 
 impl NetConf {
     pub fn parse(stdin: &[u8]) -> CniResult<NetConf> {
-        let value: Value = serde_json::from_slice(stdin)
-            .map_err(|e| CniError::decode(format!("cannot parse network config: {e}")))?;
-        if !value.is_object() {
-            return Err(CniError::decode(
-                "cannot parse network config: it is not a JSON object",
-            ));
-        }
-        let raw: RawConf = serde_path_to_error::deserialize(value).map_err(|e| {
-            let path = e.path().to_string();
-            CniError::invalid_config(format!(
-                "network config field {path:?} is invalid: {}",
-                e.into_inner()
-            ))
-        })?;
-
-        let name = raw.name.unwrap_or_default();
-        if name.is_empty() {
-            return Err(CniError::invalid_config(
-                "network config has no \"name\": every network needs one",
-            ));
-        }
-        if !is_valid_name(&name) {
-            return Err(CniError::invalid_config(format!(
-                "network name {name:?} is invalid: it must start with a letter or digit and contain only letters, digits, '_', '.' and '-'"
-            )));
-        }
-        let plugin_type = raw.plugin_type.unwrap_or_default();
-        if plugin_type.is_empty() {
-            return Err(CniError::invalid_config(format!(
-                "network {name:?} has no \"type\": set it to \"sticky-macvlan\""
-            )));
-        }
-
-        let cni_version = match raw.cni_version.as_deref() {
-            None | Some("") => IMPLICIT_VERSION,
-            Some(s) => CniVersion::parse(s).ok_or_else(|| {
-                CniError::new(
-                    code::INCOMPATIBLE_VERSION,
-                    format!(
-                        "incompatible CNI versions: network {name:?} asks for cniVersion {s:?}"
-                    ),
-                )
-                .with_details(format!(
-                    "config is {s:?}, plugin supports {SUPPORTED_VERSIONS:?}"
-                ))
-            })?,
-        };
-
-        let ipam = match raw.ipam {
-            None => None,
-            Some(map) => match map.get("type") {
-                None => None,
-                Some(Value::String(t)) if t.is_empty() => None,
-                Some(Value::String(t)) if is_plain_plugin_name(t) => {
-                    Some(IpamSection { plugin_type: t.clone(), raw: Value::Object(map.clone()) })
-                }
-                Some(other) => {
-                    return Err(CniError::invalid_config(format!(
-                        "ipam.type {other} is invalid: it must be the plain name of a plugin binary on CNI_PATH"
-                    )))
-                }
-            },
-        };
-
+        let (common, value) = CommonConf::parse(stdin, "sticky-macvlan")?;
+        let raw: RawMacvlan = typed(&value, "network config")?;
         let mtu = match raw.mtu.unwrap_or(0) {
             m if (0..=i64::from(u32::MAX)).contains(&m) => m as u32,
             m => {
@@ -201,29 +91,24 @@ impl NetConf {
             )))
             }
         };
-
-        let runtime = raw.runtime_config;
         Ok(NetConf {
-            cni_version,
-            name,
-            plugin_type,
-            ipam,
-            dns: raw.dns.unwrap_or_default(),
-            args_cni: raw.args.and_then(|a| a.cni).unwrap_or_default(),
-            runtime_mac: runtime
-                .as_ref()
-                .and_then(|r| r.mac.clone())
-                .filter(|m| !m.is_empty()),
-            runtime_ips: runtime.and_then(|r| r.ips).unwrap_or_default(),
-            prev_result: raw.prev_result.filter(|v| !v.is_null()),
+            cni_version: common.cni_version,
+            name: common.name,
+            plugin_type: common.plugin_type,
+            ipam: common.ipam,
+            dns: common.dns,
+            args_cni: common.args_cni,
+            runtime_mac: common.runtime_mac,
+            runtime_ips: common.runtime_ips,
+            prev_result: common.prev_result,
             master: raw.master.filter(|m| !m.is_empty()),
             mode: MacvlanMode::parse(raw.mode.as_deref().unwrap_or(""))?,
             mtu,
             mac: raw.mac.filter(|m| !m.is_empty()),
             link_in_container: raw.link_in_container.unwrap_or(false),
             bc_queue_len: raw.bcqueuelen,
-            log_file: raw.log_file.filter(|f| !f.is_empty()).map(PathBuf::from),
-            log_level: LogLevel::parse(raw.log_level.as_deref().unwrap_or("info"))?,
+            log_file: common.log_file,
+            log_level: common.log_level,
         })
     }
 }
@@ -231,6 +116,7 @@ impl NetConf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cni::code;
     use serde_json::json;
 
     fn parse(v: Value) -> CniResult<NetConf> {
@@ -364,15 +250,5 @@ mod tests {
         assert_eq!(c.runtime_mac.as_deref(), Some("02:00:00:00:00:09"));
         assert_eq!(c.runtime_ips, vec!["10.0.0.9/24"]);
         assert_eq!(c.args_cni["identity"], "bgp-a");
-    }
-
-    #[test]
-    fn sniffing_the_version() {
-        assert_eq!(
-            sniff_version(b"{\"cniVersion\":\"0.4.0\",\"mtu\":\"x\"}"),
-            Some(CniVersion::V0_4_0)
-        );
-        assert_eq!(sniff_version(b"{}"), Some(CniVersion::V0_1_0));
-        assert_eq!(sniff_version(b"{"), None);
     }
 }

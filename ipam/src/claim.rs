@@ -1,0 +1,86 @@
+//! A claim binds (network, IP) to an identity and names its current holder
+//! (DESIGN.md section 3). These are the records the stores keep.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// The attachment that currently uses a claim's address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Holder {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
+    /// The pod's netns path as CNI_NETNS gave it.
+    #[serde(default)]
+    pub netns: String,
+    /// "dev:inode" of that netns at ADD, so a re-created path is not
+    /// mistaken for the old holder's netns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    #[serde(default, rename = "podUID", skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    pub node: String,
+    /// The kernel boot the holder was recorded in: a holder from an earlier
+    /// boot of this node cannot be alive.
+    #[serde(default)]
+    pub boot_id: String,
+    pub since: u64,
+}
+
+impl Holder {
+    pub fn is(&self, container_id: &str, ifname: &str) -> bool {
+        self.container_id == container_id && self.ifname == ifname
+    }
+
+    pub fn pod(&self) -> Option<String> {
+        match (&self.pod_namespace, &self.pod_name) {
+            (Some(ns), Some(name)) => Some(format!("{ns}/{name}")),
+            (None, Some(name)) => Some(name.clone()),
+            _ => None,
+        }
+    }
+
+    /// "pod bgp/rs0-0 (container abc123…/net1) on node n1", for messages.
+    pub fn describe(&self) -> String {
+        let short: String = self.container_id.chars().take(12).collect();
+        let attachment = format!("container {short}/{}", self.ifname);
+        match self.pod() {
+            Some(pod) => format!("pod {pod} ({attachment}) on node {}", self.node),
+            None => format!("{attachment} on node {}", self.node),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Claim {
+    pub ip: IpAddr,
+    pub identity: String,
+    /// Sticky claims stay reserved to their identity when released.
+    pub sticky: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Holder>,
+    pub created: u64,
+    pub updated: u64,
+}
+
+impl Claim {
+    pub fn held_by(&self, container_id: &str, ifname: &str) -> bool {
+        self.holder
+            .as_ref()
+            .is_some_and(|h| h.is(container_id, ifname))
+    }
+}
+
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
