@@ -1,0 +1,910 @@
+//! The decisions: which address an ADD gets, what DEL, GC and reconcile
+//! release, and what a failed ADD must undo. Each `plan_*` reads through
+//! `ClaimStore` and asks `Inspector` for liveness verdicts, and returns a
+//! `Plan`; nothing is written until the caller commits the whole plan, so a
+//! refusal in any range set changes nothing (invariant 5).
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use cni::{code, CniError, CniResult};
+
+use crate::addr::{from_u128, to_u128, Family};
+use crate::claim::{Claim, Holder};
+use crate::config::{IpamConfig, Range, RangeSet};
+use crate::identity::Identity;
+use crate::liveness::{Caller, Verdict};
+use crate::store::{Change, ClaimStore, Plan, STORE_DAMAGED};
+
+/// The liveness seam: the real one looks at netns paths, tests script it.
+pub trait Inspector {
+    fn verdict(&self, holder: &Holder, caller: Option<&Caller>) -> Verdict;
+}
+
+#[derive(Debug, Clone)]
+pub struct AddRequest {
+    pub identity: Identity,
+    /// The attachment asking, as it will be recorded.
+    pub holder: Holder,
+    pub caller: Caller,
+    /// Addresses asked for by runtimeConfig.ips, `CNI_ARGS` IP= or args.cni.ips.
+    pub requested: Vec<IpAddr>,
+    pub now: u64,
+}
+
+/// One address handed out by an ADD.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub ip: IpAddr,
+    pub range: Range,
+    /// Set when the address was taken from another holder: who and why.
+    pub took_over: Option<String>,
+}
+
+struct Planner<'a> {
+    conf: &'a IpamConfig,
+    store: &'a mut dyn ClaimStore,
+    inspector: &'a dyn Inspector,
+    req: &'a AddRequest,
+    plan: Plan,
+}
+
+fn refuse(msg: String) -> CniError {
+    CniError::new(code::TRY_AGAIN_LATER, msg)
+}
+
+impl Planner<'_> {
+    /// Whether `claim` may move to the caller: free, already the caller's,
+    /// or its holder is confirmed dead. Returns the takeover note.
+    fn takeable(&self, claim: &Claim) -> CniResult<Option<String>> {
+        let Some(holder) = &claim.holder else {
+            return Ok(None);
+        };
+        if holder.is(&self.req.holder.container_id, &self.req.holder.ifname) {
+            return Ok(None);
+        }
+        match self.inspector.verdict(holder, Some(&self.req.caller)) {
+            Verdict::Dead(why) => Ok(Some(format!(
+                "took {} over from {}: {why}",
+                claim.ip,
+                holder.describe()
+            ))),
+            Verdict::Alive(why) => Err(refuse(format!(
+                "{} on network {:?} (identity {:?}) is held by {}, which is considered alive: {why}; the address is handed over as soon as that holder is confirmed dead, and kubelet retries this ADD",
+                claim.ip,
+                self.conf.network,
+                claim.identity,
+                holder.describe()
+            ))),
+        }
+    }
+
+    fn new_claim(&self, ip: IpAddr) -> Claim {
+        Claim {
+            ip,
+            identity: self.req.identity.key.clone(),
+            sticky: self.req.identity.sticky,
+            holder: Some(self.req.holder.clone()),
+            created: self.req.now,
+            updated: self.req.now,
+        }
+    }
+
+    fn planned(&self, ip: IpAddr) -> bool {
+        self.plan
+            .changes
+            .iter()
+            .any(|c| c.after.as_ref().is_some_and(|a| a.ip == ip))
+    }
+
+    fn range_of(&self, set: &RangeSet, ip: IpAddr) -> Range {
+        // Callers only pass addresses of `set`.
+        set.range_of(ip)
+            .cloned()
+            .unwrap_or_else(|| set.ranges[0].clone())
+    }
+
+    /// The identity's existing claim in a set: rebind it to the caller.
+    fn keep(&mut self, set: &RangeSet, claim: &Claim) -> CniResult<Grant> {
+        let took_over = self.takeable(claim)?;
+        // A retried ADD by the same attachment writes nothing.
+        let unchanged = claim.held_by(&self.req.holder.container_id, &self.req.holder.ifname)
+            && claim.holder.as_ref().map(|h| &h.netns) == Some(&self.req.holder.netns)
+            && claim.sticky == self.req.identity.sticky;
+        if !unchanged {
+            self.plan.changes.push(Change {
+                before: Some(claim.clone()),
+                after: Some(Claim {
+                    holder: Some(self.req.holder.clone()),
+                    sticky: self.req.identity.sticky,
+                    updated: self.req.now,
+                    ..claim.clone()
+                }),
+            });
+        }
+        Ok(Grant {
+            ip: claim.ip,
+            range: self.range_of(set, claim.ip),
+            took_over,
+        })
+    }
+
+    /// A specific address (requested or reserved) for the identity.
+    fn claim_specific(&mut self, set: &RangeSet, ip: IpAddr, reserved: bool) -> CniResult<Grant> {
+        let existing = self.store.claim(ip)?;
+        let mut took_over = None;
+        if let Some(other) = &existing {
+            if other.identity == self.req.identity.key {
+                return self.keep(set, other);
+            }
+            if other.sticky && !reserved {
+                return Err(refuse(format!(
+                    "requested address {ip} on network {:?} is reserved by sticky identity {:?}: request another address, or release it with `sticky-macvlan release --ip {ip}`",
+                    self.conf.network, other.identity
+                )));
+            }
+            took_over = self.takeable(other)?;
+        }
+        self.plan.changes.push(Change {
+            before: existing,
+            after: Some(self.new_claim(ip)),
+        });
+        Ok(Grant {
+            ip,
+            range: self.range_of(set, ip),
+            took_over,
+        })
+    }
+
+    fn is_allocatable(&self, range: &Range, ip: IpAddr) -> bool {
+        !range.is_special(ip)
+            && !self.conf.is_excluded(ip)
+            && self.conf.reserved_for(ip).is_none()
+            && !self.planned(ip)
+    }
+
+    /// Next-fit from the set's cursor: a freed address is not handed out
+    /// again until the walk comes round (stale ARP/conntrack on peers).
+    fn next_fit(&mut self, index: usize, set: &RangeSet) -> CniResult<Grant> {
+        let cursor = self.store.cursor(index)?;
+        let mut scanned: u128 = 0;
+        for (range, ip) in ring(set, cursor) {
+            if scanned >= self.conf.max_scan {
+                break;
+            }
+            scanned += 1;
+            if !self.is_allocatable(range, ip) {
+                continue;
+            }
+            match self.store.claim(ip) {
+                Ok(None) => {
+                    self.plan.changes.push(Change {
+                        before: None,
+                        after: Some(self.new_claim(ip)),
+                    });
+                    self.plan.cursors.push((index, ip));
+                    return Ok(Grant {
+                        ip,
+                        range: range.clone(),
+                        took_over: None,
+                    });
+                }
+                Ok(Some(_)) => {}
+                // Never hand out an address whose record cannot be read.
+                Err(e) if e.code == STORE_DAMAGED => cni::log::warn(&e.msg),
+                Err(e) => return Err(e),
+            }
+        }
+        self.reclaim(index, set, scanned)
+    }
+
+    /// The pool is full: take the address of a dynamic claim whose holder is
+    /// confirmed dead (no cron job, no human). Sticky claims stay reserved.
+    fn reclaim(&mut self, index: usize, set: &RangeSet, scanned: u128) -> CniResult<Grant> {
+        let listing = self.store.list()?;
+        let mut live = 0usize;
+        let mut idle_sticky = Vec::new();
+        let mut claimed = 0usize;
+        for claim in listing.claims.iter().filter(|c| set.contains(c.ip)) {
+            claimed += 1;
+            if self.planned(claim.ip) {
+                continue;
+            }
+            let verdict = claim
+                .holder
+                .as_ref()
+                .map(|h| self.inspector.verdict(h, Some(&self.req.caller)));
+            let dead = verdict.as_ref().is_none_or(Verdict::is_dead);
+            if claim.sticky {
+                if dead {
+                    idle_sticky.push(claim.identity.clone());
+                } else {
+                    live += 1;
+                }
+                continue;
+            }
+            if !dead {
+                live += 1;
+                continue;
+            }
+            let range = self.range_of(set, claim.ip);
+            if !self.is_allocatable(&range, claim.ip) {
+                continue;
+            }
+            let took_over = Some(match (&claim.holder, &verdict) {
+                (Some(h), Some(v)) => format!(
+                    "reclaimed {} from {} (pool exhausted): {}",
+                    claim.ip,
+                    h.describe(),
+                    v.reason()
+                ),
+                _ => format!("reclaimed {} (pool exhausted): it had no holder", claim.ip),
+            });
+            self.plan.changes.push(Change {
+                before: Some(claim.clone()),
+                after: Some(self.new_claim(claim.ip)),
+            });
+            self.plan.cursors.push((index, claim.ip));
+            return Ok(Grant {
+                ip: claim.ip,
+                range,
+                took_over,
+            });
+        }
+        let size: u128 = set.ranges.iter().map(|r| r.span().count()).sum();
+        let scope = if scanned < size {
+            format!(" among the {scanned} addresses scanned (ipam.maxScan)")
+        } else {
+            String::new()
+        };
+        idle_sticky.sort();
+        let sample: Vec<&str> = idle_sticky.iter().take(5).map(String::as_str).collect();
+        let sticky_note = if idle_sticky.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {} reserved by sticky identities without a live holder ({}{})",
+                idle_sticky.len(),
+                sample.join(", "),
+                if idle_sticky.len() > sample.len() {
+                    ", ..."
+                } else {
+                    ""
+                }
+            )
+        };
+        let damaged = listing.damaged.len();
+        let damaged_note = if damaged > 0 {
+            format!(", {damaged} damaged records (see `sticky-macvlan claims`)")
+        } else {
+            String::new()
+        };
+        Err(refuse(format!(
+            "no free address in range set {} of network {:?}{scope}: {claimed} claimed, {live} by live holders{sticky_note}{damaged_note}; widen the range, scale down, or release a sticky identity with `sticky-macvlan release --identity ID`",
+            set.describe(),
+            self.conf.network
+        )))
+    }
+}
+
+/// Every address of a set once, starting after `cursor` and wrapping.
+fn ring(set: &RangeSet, cursor: Option<IpAddr>) -> impl Iterator<Item = (&Range, IpAddr)> + '_ {
+    let start = cursor.and_then(|c| {
+        set.ranges
+            .iter()
+            .position(|r| r.contains(c))
+            .map(|i| (i, to_u128(c)))
+    });
+    let n = set.ranges.len();
+    let mut segments: Vec<(usize, u128, u128)> = Vec::new();
+    match start {
+        None => {
+            for i in 0..n {
+                let s = set.ranges[i].span();
+                segments.push((i, s.first, s.last));
+            }
+        }
+        Some((i, at)) => {
+            let s = set.ranges[i].span();
+            if at < s.last {
+                segments.push((i, at + 1, s.last));
+            }
+            for k in 1..n {
+                let j = (i + k) % n;
+                let sj = set.ranges[j].span();
+                segments.push((j, sj.first, sj.last));
+            }
+            segments.push((i, s.first, at));
+        }
+    }
+    segments.into_iter().flat_map(move |(i, first, last)| {
+        let range = &set.ranges[i];
+        let family: Family = range.family();
+        (first..=last).map(move |n| (range, from_u128(family, n)))
+    })
+}
+
+/// Plans an ADD: one address per range set for the request's identity.
+pub fn plan_add(
+    conf: &IpamConfig,
+    store: &mut dyn ClaimStore,
+    inspector: &dyn Inspector,
+    req: &AddRequest,
+) -> CniResult<(Plan, Vec<Grant>)> {
+    let mut requested: Vec<(usize, IpAddr)> = Vec::new();
+    for ip in &req.requested {
+        let Some(set) = conf.set_of(*ip) else {
+            return Err(CniError::invalid_config(format!(
+                "requested address {ip} is outside every range of network {:?}",
+                conf.network
+            )));
+        };
+        if requested.iter().any(|(s, _)| *s == set) {
+            return Err(CniError::invalid_config(format!(
+                "two requested addresses fall in range set {}: request one address per range set",
+                conf.range_sets[set].describe()
+            )));
+        }
+        let range = conf.range_sets[set].range_of(*ip);
+        if range.is_some_and(|r| r.is_special(*ip)) || conf.is_excluded(*ip) {
+            return Err(CniError::invalid_config(format!(
+                "requested address {ip} is the gateway, network or broadcast address or excluded on network {:?}",
+                conf.network
+            )));
+        }
+        if let Some(owner) = conf.reserved_for(*ip) {
+            if owner != req.identity.key {
+                return Err(CniError::invalid_config(format!(
+                    "requested address {ip} is reserved for identity {owner:?} in ipam.reservations"
+                )));
+            }
+        }
+        requested.push((set, *ip));
+    }
+
+    let mine = store.claims_of_identity(&req.identity.key)?;
+    let mut planner = Planner {
+        conf,
+        store,
+        inspector,
+        req,
+        plan: Plan::default(),
+    };
+    let mut grants = Vec::new();
+    for (index, set) in conf.range_sets.iter().enumerate() {
+        let current = mine.iter().find(|c| set.contains(c.ip));
+        let reserved = conf
+            .reservations
+            .get(&req.identity.key)
+            .and_then(|ips| ips.iter().copied().find(|ip| set.contains(*ip)));
+        let asked = requested
+            .iter()
+            .find(|(s, _)| *s == index)
+            .map(|(_, ip)| *ip);
+        let target = asked.or(reserved);
+        if let Some(claim) = current {
+            if target.is_none_or(|t| t == claim.ip) {
+                grants.push(planner.keep(set, claim)?);
+                continue;
+            }
+            // The identity moves to the address now asked for.
+            planner.takeable(claim)?;
+            planner.plan.changes.push(Change {
+                before: Some(claim.clone()),
+                after: None,
+            });
+        }
+        let grant = match target {
+            Some(ip) => planner.claim_specific(set, ip, asked.is_none())?,
+            None => planner.next_fit(index, set)?,
+        };
+        grants.push(grant);
+    }
+    // Claims left in no configured range (the ranges changed) would be a
+    // second address for the identity: drop them.
+    for claim in mine.iter().filter(|c| conf.set_of(c.ip).is_none()) {
+        planner.takeable(claim)?;
+        planner.plan.changes.push(Change {
+            before: Some(claim.clone()),
+            after: None,
+        });
+    }
+    Ok((planner.plan, grants))
+}
+
+/// The change that releases a claim's holder: a sticky claim stays
+/// reserved to its identity, a dynamic one frees its address.
+pub fn release_holder(claim: &Claim, now: u64) -> Change {
+    let after = claim.sticky.then(|| Claim {
+        holder: None,
+        updated: now,
+        ..claim.clone()
+    });
+    Change {
+        before: Some(claim.clone()),
+        after,
+    }
+}
+
+/// DEL: releases what this attachment holds; anyone else's DEL is a no-op
+/// (invariant 3), and a second DEL finds nothing (invariant 4).
+pub fn plan_del(
+    store: &mut dyn ClaimStore,
+    container_id: &str,
+    ifname: &str,
+    now: u64,
+) -> CniResult<Plan> {
+    let held = store.claims_of_holder(container_id, ifname)?;
+    Ok(Plan {
+        changes: held.iter().map(|c| release_holder(c, now)).collect(),
+        cursors: vec![],
+    })
+}
+
+/// GC: releases holders on this node that are not among the runtime's
+/// valid attachments.
+pub fn plan_gc(
+    store: &mut dyn ClaimStore,
+    node: &str,
+    keep: &BTreeSet<(String, String)>,
+    now: u64,
+) -> CniResult<Plan> {
+    let listing = store.list()?;
+    let changes = listing
+        .claims
+        .iter()
+        .filter(|c| {
+            c.holder.as_ref().is_some_and(|h| {
+                h.node == node && !keep.contains(&(h.container_id.clone(), h.ifname.clone()))
+            })
+        })
+        .map(|c| release_holder(c, now))
+        .collect();
+    Ok(Plan {
+        changes,
+        cursors: vec![],
+    })
+}
+
+/// One released holder, for reconcile's report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Released {
+    pub ip: IpAddr,
+    pub identity: String,
+    pub why: String,
+}
+
+/// reconcile: releases every holder confirmed dead.
+pub fn plan_reconcile(
+    store: &mut dyn ClaimStore,
+    inspector: &dyn Inspector,
+    now: u64,
+) -> CniResult<(Plan, Vec<Released>, usize)> {
+    let listing = store.list()?;
+    let mut plan = Plan::default();
+    let mut released = Vec::new();
+    let mut alive = 0;
+    for claim in &listing.claims {
+        let Some(holder) = &claim.holder else {
+            if !claim.sticky {
+                plan.changes.push(release_holder(claim, now));
+                released.push(Released {
+                    ip: claim.ip,
+                    identity: claim.identity.clone(),
+                    why: "dynamic claim without a holder".into(),
+                });
+            }
+            continue;
+        };
+        match inspector.verdict(holder, None) {
+            Verdict::Dead(why) => {
+                plan.changes.push(release_holder(claim, now));
+                released.push(Released {
+                    ip: claim.ip,
+                    identity: claim.identity.clone(),
+                    why: format!("{}: {why}", holder.describe()),
+                });
+            }
+            Verdict::Alive(_) => alive += 1,
+        }
+    }
+    Ok((plan, released, alive))
+}
+
+/// Undoes a committed ADD plan after the rest of the ADD failed, claim by
+/// claim, only where nobody changed the claim since (invariant 5).
+pub fn plan_undo(store: &mut dyn ClaimStore, done: &Plan) -> CniResult<Plan> {
+    let mut undo = Plan::default();
+    for change in done.changes.iter().rev() {
+        let Some(ip) = change.ip() else { continue };
+        let current = store.claim(ip)?;
+        if current == change.after {
+            undo.changes.push(change.inverse());
+        }
+    }
+    Ok(undo)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::IdentitySource;
+    use crate::store::memory::MemoryStore;
+    use serde_json::json;
+    use std::collections::BTreeMap;
+
+    /// Scripted liveness: container IDs listed are alive.
+    struct Alive(Vec<&'static str>);
+
+    impl Inspector for Alive {
+        fn verdict(&self, h: &Holder, caller: Option<&Caller>) -> Verdict {
+            if caller.and_then(|c| c.pod_uid.as_ref()).is_some()
+                && caller.and_then(|c| c.pod_uid.as_ref()) == h.pod_uid.as_ref()
+            {
+                return Verdict::Dead("same pod".into());
+            }
+            if self.0.contains(&h.container_id.as_str()) {
+                Verdict::Alive("its netns still exists".into())
+            } else {
+                Verdict::Dead("its netns no longer exists".into())
+            }
+        }
+    }
+
+    fn conf(v: serde_json::Value) -> IpamConfig {
+        IpamConfig::parse("net", &v).unwrap()
+    }
+
+    fn small() -> IpamConfig {
+        conf(
+            json!({"subnet": "10.0.0.0/24", "rangeStart": "10.0.0.10", "rangeEnd": "10.0.0.13", "gateway": "10.0.0.1"}),
+        )
+    }
+
+    fn holder(cid: &str) -> Holder {
+        Holder {
+            container_id: cid.into(),
+            ifname: "net1".into(),
+            netns: format!("/run/netns/{cid}"),
+            netns_id: None,
+            pod_namespace: Some("ns".into()),
+            pod_name: Some(cid.into()),
+            pod_uid: Some(format!("uid-{cid}")),
+            node: "n1".into(),
+            boot_id: "b".into(),
+            since: 0,
+        }
+    }
+
+    fn req(id: &str, sticky: bool, cid: &str) -> AddRequest {
+        AddRequest {
+            identity: Identity {
+                key: id.into(),
+                sticky,
+                source: if sticky {
+                    IdentitySource::ArgsCni
+                } else {
+                    IdentitySource::Container
+                },
+            },
+            holder: holder(cid),
+            caller: Caller {
+                pod_uid: Some(format!("uid-{cid}")),
+            },
+            requested: vec![],
+            now: 100,
+        }
+    }
+
+    fn add(
+        conf: &IpamConfig,
+        s: &mut MemoryStore,
+        alive: &Alive,
+        r: &AddRequest,
+    ) -> CniResult<Vec<Grant>> {
+        let (plan, grants) = plan_add(conf, s, alive, r)?;
+        s.commit(&plan)?;
+        Ok(grants)
+    }
+
+    fn ips(g: &[Grant]) -> Vec<String> {
+        g.iter().map(|g| g.ip.to_string()).collect()
+    }
+
+    fn del(s: &mut MemoryStore, cid: &str) {
+        let plan = plan_del(s, cid, "net1", 200).unwrap();
+        s.commit(&plan).unwrap();
+    }
+
+    /// Every invariant of DESIGN.md section 3 that a store can show.
+    fn assert_invariants(s: &MemoryStore) {
+        let mut per_identity: BTreeMap<(&str, Family), usize> = BTreeMap::new();
+        for c in s.claims.values() {
+            *per_identity
+                .entry((&c.identity, Family::of(c.ip)))
+                .or_default() += 1;
+            assert!(
+                c.sticky || c.holder.is_some(),
+                "dynamic claim without holder: {c:?}"
+            );
+        }
+        assert!(per_identity.values().all(|n| *n == 1), "{per_identity:?}");
+    }
+
+    #[test]
+    fn next_fit_walks_on_and_skips_gateway_and_taken() {
+        let c = conf(json!({"subnet": "10.0.0.0/29"}));
+        let mut s = MemoryStore::default();
+        let a = Alive(vec!["a", "b", "c", "d", "e", "f"]);
+        let got: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .map(|cid| {
+                ips(&add(&c, &mut s, &a, &req(&format!("id-{cid}"), false, cid)).unwrap())[0]
+                    .clone()
+            })
+            .collect();
+        // .0 network, .1 gateway (host-local default), .7 broadcast.
+        assert_eq!(got, ["10.0.0.2", "10.0.0.3", "10.0.0.4"]);
+        // A freed address is not handed straight back out.
+        del(&mut s, "a");
+        let next = add(&c, &mut s, &a, &req("id-d", false, "d")).unwrap();
+        assert_eq!(ips(&next), ["10.0.0.5"]);
+        let next = add(&c, &mut s, &a, &req("id-e", false, "e")).unwrap();
+        assert_eq!(ips(&next), ["10.0.0.6"]);
+        let wrapped = add(&c, &mut s, &a, &req("id-f", false, "f")).unwrap();
+        assert_eq!(
+            ips(&wrapped),
+            ["10.0.0.2"],
+            "wraps to the freed address last"
+        );
+        assert_invariants(&s);
+    }
+
+    #[test]
+    fn sticky_identity_keeps_its_address_across_del_and_others() {
+        let c = small();
+        let mut s = MemoryStore::default();
+        let a = Alive(vec!["p1", "x", "y"]);
+        let first = add(&c, &mut s, &a, &req("db-0", true, "p1")).unwrap();
+        del(&mut s, "p1");
+        assert!(
+            s.claims.values().all(|c| c.holder.is_none()),
+            "released, still reserved"
+        );
+        add(&c, &mut s, &a, &req("other-1", true, "x")).unwrap();
+        add(&c, &mut s, &a, &req("other-2", false, "y")).unwrap();
+        let again = add(&c, &mut s, &a, &req("db-0", true, "p2")).unwrap();
+        assert_eq!(ips(&first), ips(&again));
+        assert_invariants(&s);
+    }
+
+    #[test]
+    fn a_retried_add_is_idempotent_and_writes_nothing() {
+        let c = small();
+        let mut s = MemoryStore::default();
+        let a = Alive(vec!["p1"]);
+        let r = req("db-0", true, "p1");
+        let one = add(&c, &mut s, &a, &r).unwrap();
+        let (plan, two) = plan_add(&c, &mut s, &a, &r).unwrap();
+        assert!(plan.is_empty(), "{plan:?}");
+        assert_eq!(one, two);
+    }
+
+    #[test]
+    fn live_holder_refuses_with_code_11_and_changes_nothing() {
+        let c = small();
+        let mut s = MemoryStore::default();
+        let a = Alive(vec!["p1", "p2"]);
+        add(&c, &mut s, &a, &req("peer-a", true, "p1")).unwrap();
+        let before = s.claims.clone();
+        let e = add(&c, &mut s, &a, &req("peer-a", true, "p2")).unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert!(
+            e.msg.contains("10.0.0.10")
+                && e.msg.contains("pod ns/p1")
+                && e.msg.contains("still exists"),
+            "{}",
+            e.msg
+        );
+        assert_eq!(s.claims, before);
+    }
+
+    #[test]
+    fn dead_holder_or_same_pod_is_taken_over_and_its_late_del_is_a_no_op() {
+        let c = small();
+        let mut s = MemoryStore::default();
+        add(&c, &mut s, &Alive(vec![]), &req("peer-a", true, "old")).unwrap();
+        let g = add(&c, &mut s, &Alive(vec![]), &req("peer-a", true, "new")).unwrap();
+        assert!(g[0]
+            .took_over
+            .as_deref()
+            .unwrap()
+            .contains("no longer exists"));
+        del(&mut s, "old");
+        assert_eq!(
+            s.claims
+                .values()
+                .next()
+                .unwrap()
+                .holder
+                .as_ref()
+                .unwrap()
+                .container_id,
+            "new"
+        );
+        // Same pod UID, new sandbox: taken over even though the old netns lives.
+        let mut r = req("peer-a", true, "newer");
+        r.caller.pod_uid = Some("uid-new".into());
+        let g = add(&c, &mut s, &Alive(vec!["new"]), &r).unwrap();
+        assert!(g[0].took_over.as_deref().unwrap().contains("same pod"));
+    }
+
+    #[test]
+    fn exhausted_pool_reclaims_dead_dynamic_claims_only() {
+        let c = small();
+        let mut s = MemoryStore::default();
+        let everyone = Alive(vec!["a", "b", "c", "d"]);
+        add(&c, &mut s, &everyone, &req("sticky-a", true, "a")).unwrap();
+        for cid in ["b", "c", "d"] {
+            add(
+                &c,
+                &mut s,
+                &everyone,
+                &req(&format!("dyn-{cid}"), false, cid),
+            )
+            .unwrap();
+        }
+        let e = add(&c, &mut s, &everyone, &req("dyn-e", false, "e")).unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert!(
+            e.msg.contains("10.0.0.10-10.0.0.13")
+                && e.msg.contains("\"net\"")
+                && e.msg.contains("4 by live holders"),
+            "{}",
+            e.msg
+        );
+        // a (sticky) and c (dynamic) die: only c's address is reclaimed.
+        let some_dead = Alive(vec!["b", "d"]);
+        let g = add(&c, &mut s, &some_dead, &req("dyn-e", false, "e")).unwrap();
+        assert_eq!(ips(&g), ["10.0.0.12"]);
+        assert!(g[0]
+            .took_over
+            .as_deref()
+            .unwrap()
+            .contains("pool exhausted"));
+        let e = add(
+            &c,
+            &mut s,
+            &Alive(vec!["b", "d", "e"]),
+            &req("dyn-f", false, "f"),
+        )
+        .unwrap_err();
+        assert!(
+            e.msg
+                .contains("1 reserved by sticky identities without a live holder (sticky-a)"),
+            "{}",
+            e.msg
+        );
+        assert_invariants(&s);
+    }
+
+    #[test]
+    fn reservations_and_requests() {
+        let c = conf(
+            json!({"subnet": "10.0.0.0/24", "rangeStart": "10.0.0.10", "rangeEnd": "10.0.0.20",
+                            "reservations": {"peer-a": "10.0.0.15"}}),
+        );
+        let mut s = MemoryStore::default();
+        let a = Alive(vec!["p1", "p2", "p3"]);
+        assert_eq!(
+            ips(&add(&c, &mut s, &a, &req("peer-a", true, "p1")).unwrap()),
+            ["10.0.0.15"]
+        );
+        let mut r = req("web", false, "p2");
+        r.requested = vec!["10.0.0.18".parse().unwrap()];
+        assert_eq!(ips(&add(&c, &mut s, &a, &r).unwrap()), ["10.0.0.18"]);
+        // Reserved addresses are never handed to others by next-fit.
+        let mut s2 = MemoryStore::default();
+        s2.cursors.insert(0, "10.0.0.14".parse().unwrap());
+        assert_eq!(
+            ips(&add(&c, &mut s2, &a, &req("x", false, "p3")).unwrap()),
+            ["10.0.0.16"]
+        );
+        for (ip, want) in [
+            ("10.0.0.15", "reserved for identity \"peer-a\""),
+            ("10.0.1.5", "outside every range"),
+            ("10.0.0.18", "held by"),
+        ] {
+            let mut r = req("y", false, "p3");
+            r.requested = vec![ip.parse().unwrap()];
+            let e = plan_add(&c, &mut s, &a, &r).unwrap_err();
+            assert!(e.msg.contains(want), "{ip}: {}", e.msg);
+        }
+    }
+
+    #[test]
+    fn a_requested_address_moves_the_identity() {
+        let c = small();
+        let mut s = MemoryStore::default();
+        let a = Alive(vec!["p1"]);
+        add(&c, &mut s, &a, &req("db", true, "p1")).unwrap();
+        let mut r = req("db", true, "p1");
+        r.requested = vec!["10.0.0.12".parse().unwrap()];
+        assert_eq!(ips(&add(&c, &mut s, &a, &r).unwrap()), ["10.0.0.12"]);
+        assert_eq!(s.claims.len(), 1);
+        assert_invariants(&s);
+    }
+
+    #[test]
+    fn dual_stack_is_all_or_nothing() {
+        let c = conf(json!({"ranges": [
+            [{"subnet": "10.0.0.0/24", "rangeStart": "10.0.0.10", "rangeEnd": "10.0.0.11"}],
+            [{"subnet": "fd00::/64", "rangeStart": "fd00::10", "rangeEnd": "fd00::10"}]]}));
+        let mut s = MemoryStore::default();
+        let a = Alive(vec!["p1", "p2"]);
+        assert_eq!(
+            ips(&add(&c, &mut s, &a, &req("a", true, "p1")).unwrap()),
+            ["10.0.0.10", "fd00::10"]
+        );
+        let before = s.claims.clone();
+        let e = add(&c, &mut s, &a, &req("b", true, "p2")).unwrap_err();
+        assert!(e.msg.contains("fd00::10-fd00::10"), "{}", e.msg);
+        assert_eq!(s.claims, before, "the v4 address was not taken either");
+    }
+
+    #[test]
+    fn huge_v6_range_allocates_without_enumerating() {
+        let c = conf(json!({"subnet": "fd00::/48"}));
+        let mut s = MemoryStore::default();
+        let a = Alive(vec![]);
+        assert_eq!(
+            ips(&add(&c, &mut s, &a, &req("a", false, "p1")).unwrap()),
+            ["fd00::2"]
+        );
+    }
+
+    #[test]
+    fn damaged_records_are_skipped_by_next_fit() {
+        let c = small();
+        let mut s = MemoryStore {
+            damaged: vec!["10.0.0.10".parse().unwrap()],
+            ..MemoryStore::default()
+        };
+        assert_eq!(
+            ips(&add(&c, &mut s, &Alive(vec![]), &req("a", false, "p1")).unwrap()),
+            ["10.0.0.11"]
+        );
+    }
+
+    #[test]
+    fn del_gc_reconcile_and_undo() {
+        let c = small();
+        let mut s = MemoryStore::default();
+        let a = Alive(vec!["p1", "p2", "p3"]);
+        add(&c, &mut s, &a, &req("sticky", true, "p1")).unwrap();
+        add(&c, &mut s, &a, &req("dyn", false, "p2")).unwrap();
+        // DEL by a stranger is a no-op.
+        assert!(plan_del(&mut s, "stranger", "net1", 1).unwrap().is_empty());
+        // GC keeps p1 only: p2's dynamic claim goes.
+        let keep: BTreeSet<(String, String)> = [("p1".to_string(), "net1".to_string())].into();
+        let gc = plan_gc(&mut s, "n1", &keep, 1).unwrap();
+        s.commit(&gc).unwrap();
+        assert_eq!(s.claims.len(), 1);
+        // GC for another node touches nothing.
+        assert!(plan_gc(&mut s, "n2", &BTreeSet::new(), 1)
+            .unwrap()
+            .is_empty());
+        // Reconcile: p1 dies -> released but still reserved to "sticky".
+        let (plan, released, alive) = plan_reconcile(&mut s, &Alive(vec![]), 1).unwrap();
+        assert_eq!((released.len(), alive), (1, 0));
+        s.commit(&plan).unwrap();
+        assert!(s.claims.values().next().unwrap().holder.is_none());
+        // Undo of a takeover restores the old holder exactly.
+        let before = s.claims.clone();
+        let (plan, _) = plan_add(&c, &mut s, &a, &req("sticky", true, "p3")).unwrap();
+        s.commit(&plan).unwrap();
+        let undo = plan_undo(&mut s, &plan).unwrap();
+        s.commit(&undo).unwrap();
+        assert_eq!(s.claims, before);
+    }
+}

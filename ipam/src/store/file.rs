@@ -1,0 +1,718 @@
+//! The embedded store: one directory per network, readable by a person.
+//!
+//! ```text
+//! <dir>/<network>/lock                 flock: one writer per network
+//! <dir>/<network>/claims/<ip>          the claim (JSON): the source of truth
+//! <dir>/<network>/identities/<hash>    identity -> its addresses (index)
+//! <dir>/<network>/holders/<hash>       containerID/ifname -> addresses (index)
+//! <dir>/<network>/cursor.<set>         next-fit position per range set
+//! ```
+//!
+//! Crash safety: every record is written to a temporary file, fsynced and
+//! renamed over the old one, so a record is old or new, never torn. Index
+//! entries are made durable *before* the claim they point to, and every
+//! index read is checked against the claims, so an index may be stale but
+//! never missing a claim: that is what keeps one address per identity
+//! (invariant 2) across a crash without scanning all claims on each ADD.
+//! Identities and container IDs are untrusted; they only reach the file
+//! system as SHA-256 hashes. Files are 0600, directories 0700, and no
+//! record is opened through a symlink.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io::{ErrorKind, Read, Write};
+use std::net::IpAddr;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cni::{CniError, CniResult};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::{ClaimStore, Damaged, Listing, Plan, STORE_DAMAGED};
+use crate::claim::Claim;
+
+/// How long an ADD waits for another process holding the network's lock.
+pub const LOCK_WAIT: Duration = Duration::from_secs(30);
+
+const CLAIMS: &str = "claims";
+const IDENTITIES: &str = "identities";
+const HOLDERS: &str = "holders";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct IdentityIndex {
+    identity: String,
+    ips: Vec<IpAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct HolderIndex {
+    #[serde(rename = "containerID")]
+    container_id: String,
+    ifname: String,
+    ips: Vec<IpAddr>,
+}
+
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> CniError {
+    CniError::io(format!("cannot {what} {}: {e}", path.display()))
+}
+
+fn hash_name(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            h.update([0u8]);
+        }
+        h.update(p.as_bytes());
+    }
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+pub fn make_dir(path: &Path) -> CniResult<()> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|e| io_err("create directory", path, e))
+}
+
+fn fsync_dir(path: &Path) -> CniResult<()> {
+    File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err("fsync directory", path, e))
+}
+
+/// Reads a file without following a symlink; None when it does not exist.
+fn read_file(path: &Path) -> CniResult<Option<Vec<u8>>> {
+    let mut f = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err("open", path, e)),
+    };
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf)
+        .map_err(|e| io_err("read", path, e))?;
+    Ok(Some(buf))
+}
+
+/// Writes via a temporary file and rename; fsyncs the file when `durable`.
+pub fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> CniResult<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(|e| io_err("create", &tmp, e))?;
+    f.write_all(bytes).map_err(|e| io_err("write", &tmp, e))?;
+    if durable {
+        f.sync_all().map_err(|e| io_err("fsync", &tmp, e))?;
+    }
+    std::fs::rename(&tmp, path).map_err(|e| io_err("rename into place", path, e))
+}
+
+fn remove_file(path: &Path) -> CniResult<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != ErrorKind::NotFound => Err(io_err("remove", path, e)),
+        _ => Ok(()),
+    }
+}
+
+fn damaged(path: &Path, why: impl std::fmt::Display) -> CniError {
+    CniError::new(
+        STORE_DAMAGED,
+        format!(
+            "record {} is damaged ({why}): inspect it with `sticky-macvlan claims`, then remove or repair it (`sticky-macvlan release --ip`)",
+            path.display()
+        ),
+    )
+}
+
+fn decode<T: DeserializeOwned>(path: &Path, bytes: &[u8]) -> CniResult<T> {
+    if bytes.is_empty() {
+        return Err(damaged(path, "empty file"));
+    }
+    serde_json::from_slice(bytes).map_err(|e| damaged(path, e))
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    // Serializing our own plain structs cannot fail.
+    let mut out = serde_json::to_vec_pretty(value).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
+/// The claim file name for an address (`10.0.0.5`, `fd00::5`).
+pub fn claim_file_name(ip: IpAddr) -> String {
+    ip.to_string()
+}
+
+/// One network's directory, held under its lock for the life of the value.
+pub struct FileStore {
+    root: PathBuf,
+    _lock: File,
+}
+
+impl FileStore {
+    /// Opens (creating if needed) `dir/network` and takes its lock.
+    pub fn open(dir: &Path, network: &str) -> CniResult<FileStore> {
+        let root = dir.join(network);
+        if let Ok(meta) = std::fs::symlink_metadata(&root) {
+            if meta.file_type().is_symlink() {
+                return Err(CniError::io(format!(
+                    "store directory {} is a symlink: sticky-ipam does not follow symlinks out of its state directory; replace it with a directory",
+                    root.display()
+                )));
+            }
+        }
+        for sub in [CLAIMS, IDENTITIES, HOLDERS] {
+            make_dir(&root.join(sub))?;
+        }
+        let lock_path = root.join("lock");
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&lock_path)
+            .map_err(|e| io_err("open lock file", &lock_path, e))?;
+        lock_exclusive(&lock, &lock_path, network)?;
+        Ok(FileStore { root, _lock: lock })
+    }
+
+    /// Networks that have a directory under `dir`.
+    pub fn networks(dir: &Path) -> CniResult<Vec<String>> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(vec![]),
+            Err(e) => return Err(io_err("list", dir, e)),
+        };
+        let mut out: Vec<String> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.path().join(CLAIMS).is_dir())
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn claim_path(&self, ip: IpAddr) -> PathBuf {
+        self.root.join(CLAIMS).join(claim_file_name(ip))
+    }
+
+    fn identity_path(&self, identity: &str) -> PathBuf {
+        self.root.join(IDENTITIES).join(hash_name(&[identity]))
+    }
+
+    fn holder_path(&self, container_id: &str, ifname: &str) -> PathBuf {
+        self.root
+            .join(HOLDERS)
+            .join(hash_name(&[container_id, ifname]))
+    }
+
+    fn cursor_path(&self, set: usize) -> PathBuf {
+        self.root.join(format!("cursor.{set}"))
+    }
+
+    fn read_claim(&self, path: &Path, ip: IpAddr) -> CniResult<Option<Claim>> {
+        let Some(bytes) = read_file(path)? else {
+            return Ok(None);
+        };
+        let claim: Claim = decode(path, &bytes)?;
+        if claim.ip != ip {
+            return Err(damaged(
+                path,
+                format!("it names {} but is stored as {ip}", claim.ip),
+            ));
+        }
+        Ok(Some(claim))
+    }
+
+    fn read_identity_index(&self, identity: &str) -> CniResult<IdentityIndex> {
+        let path = self.identity_path(identity);
+        let Some(bytes) = read_file(&path)? else {
+            return Ok(IdentityIndex {
+                identity: identity.into(),
+                ips: vec![],
+            });
+        };
+        let index: IdentityIndex = decode(&path, &bytes)?;
+        if index.identity != identity {
+            return Err(damaged(
+                &path,
+                format!("it indexes identity {:?}", index.identity),
+            ));
+        }
+        Ok(index)
+    }
+
+    fn read_holder_index(&self, container_id: &str, ifname: &str) -> CniResult<HolderIndex> {
+        let path = self.holder_path(container_id, ifname);
+        let empty = HolderIndex {
+            container_id: container_id.into(),
+            ifname: ifname.into(),
+            ips: vec![],
+        };
+        let Some(bytes) = read_file(&path)? else {
+            return Ok(empty);
+        };
+        let index: HolderIndex = decode(&path, &bytes)?;
+        if index.container_id != container_id || index.ifname != ifname {
+            return Err(damaged(&path, "it indexes another attachment"));
+        }
+        Ok(index)
+    }
+
+    /// Adds and removes addresses in one identity index file.
+    fn update_identity(
+        &self,
+        identity: &str,
+        add: &BTreeSet<IpAddr>,
+        remove: &BTreeSet<IpAddr>,
+        durable: bool,
+    ) -> CniResult<bool> {
+        let mut index = self.read_identity_index(identity)?;
+        let before = index.ips.clone();
+        index.ips.retain(|ip| !remove.contains(ip));
+        index
+            .ips
+            .extend(add.iter().filter(|ip| !before.contains(ip)));
+        if index.ips == before {
+            return Ok(false);
+        }
+        let path = self.identity_path(identity);
+        if index.ips.is_empty() {
+            remove_file(&path)?;
+        } else {
+            write_atomic(&path, &encode(&index), durable)?;
+        }
+        Ok(true)
+    }
+
+    fn update_holder(
+        &self,
+        holder: &(String, String),
+        add: &BTreeSet<IpAddr>,
+        remove: &BTreeSet<IpAddr>,
+        durable: bool,
+    ) -> CniResult<bool> {
+        let mut index = self.read_holder_index(&holder.0, &holder.1)?;
+        let before = index.ips.clone();
+        index.ips.retain(|ip| !remove.contains(ip));
+        index
+            .ips
+            .extend(add.iter().filter(|ip| !before.contains(ip)));
+        if index.ips == before {
+            return Ok(false);
+        }
+        let path = self.holder_path(&holder.0, &holder.1);
+        if index.ips.is_empty() {
+            remove_file(&path)?;
+        } else {
+            write_atomic(&path, &encode(&index), durable)?;
+        }
+        Ok(true)
+    }
+
+    /// Rewrites every index from the claims (after damage or an import).
+    pub fn rebuild_indexes(&mut self) -> CniResult<Listing> {
+        let listing = self.list()?;
+        for sub in [IDENTITIES, HOLDERS] {
+            let dir = self.root.join(sub);
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                for e in entries.filter_map(Result::ok) {
+                    remove_file(&e.path())?;
+                }
+            }
+        }
+        let mut by_identity: BTreeMap<&str, BTreeSet<IpAddr>> = BTreeMap::new();
+        let mut by_holder: BTreeMap<(String, String), BTreeSet<IpAddr>> = BTreeMap::new();
+        for c in &listing.claims {
+            by_identity.entry(&c.identity).or_default().insert(c.ip);
+            if let Some(h) = &c.holder {
+                by_holder
+                    .entry((h.container_id.clone(), h.ifname.clone()))
+                    .or_default()
+                    .insert(c.ip);
+            }
+        }
+        let none = BTreeSet::new();
+        for (id, ips) in &by_identity {
+            self.update_identity(id, ips, &none, true)?;
+        }
+        for (h, ips) in &by_holder {
+            self.update_holder(h, ips, &none, true)?;
+        }
+        fsync_dir(&self.root.join(IDENTITIES))?;
+        fsync_dir(&self.root.join(HOLDERS))?;
+        Ok(listing)
+    }
+
+    /// Removes a damaged or foreign file from the claims directory.
+    pub fn remove_claim_file(&mut self, name: &str) -> CniResult<()> {
+        if name.contains('/') || name.starts_with('.') || name.is_empty() {
+            return Err(CniError::invalid_config(format!(
+                "{name:?} is not a claim file name"
+            )));
+        }
+        let path = self.root.join(CLAIMS).join(name);
+        remove_file(&path)?;
+        fsync_dir(&self.root.join(CLAIMS))
+    }
+}
+
+fn lock_exclusive(lock: &File, path: &Path, network: &str) -> CniResult<()> {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(200);
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) && err.kind() != ErrorKind::Interrupted {
+            return Err(io_err("lock", path, err));
+        }
+        if start.elapsed() > LOCK_WAIT {
+            return Err(CniError::new(
+                cni::code::TRY_AGAIN_LATER,
+                format!(
+                    "the claim store of network {network:?} ({}) has been locked by another process for {} s: retry; if it persists, look for a hung sticky-ipam process",
+                    path.display(),
+                    LOCK_WAIT.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(5));
+    }
+}
+
+impl ClaimStore for FileStore {
+    fn claim(&mut self, ip: IpAddr) -> CniResult<Option<Claim>> {
+        self.read_claim(&self.claim_path(ip), ip)
+    }
+
+    fn claims_of_identity(&mut self, identity: &str) -> CniResult<Vec<Claim>> {
+        let index = self.read_identity_index(identity)?;
+        let mut out = Vec::new();
+        for ip in index.ips {
+            if let Some(c) = self.claim(ip)? {
+                if c.identity == identity {
+                    out.push(c);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn claims_of_holder(&mut self, container_id: &str, ifname: &str) -> CniResult<Vec<Claim>> {
+        let index = self.read_holder_index(container_id, ifname)?;
+        let mut out = Vec::new();
+        for ip in index.ips {
+            if let Some(c) = self.claim(ip)? {
+                if c.held_by(container_id, ifname) {
+                    out.push(c);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn list(&mut self) -> CniResult<Listing> {
+        let dir = self.root.join(CLAIMS);
+        let entries = std::fs::read_dir(&dir).map_err(|e| io_err("list", &dir, e))?;
+        let mut listing = Listing::default();
+        for entry in entries {
+            let entry = entry.map_err(|e| io_err("list", &dir, e))?;
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name.starts_with('.') {
+                continue;
+            }
+            let path = entry.path();
+            let Ok(ip) = name.parse::<IpAddr>() else {
+                listing.damaged.push(Damaged {
+                    path,
+                    why: "not a claim: its name is not an IP address".into(),
+                });
+                continue;
+            };
+            match self.read_claim(&path, ip) {
+                Ok(Some(c)) => listing.claims.push(c),
+                Ok(None) => {}
+                Err(e) => listing.damaged.push(Damaged { path, why: e.msg }),
+            }
+        }
+        listing.claims.sort_by_key(|c| c.ip);
+        Ok(listing)
+    }
+
+    fn cursor(&mut self, set: usize) -> CniResult<Option<IpAddr>> {
+        // A cursor only spreads allocations; an unreadable one restarts the walk.
+        Ok(read_file(&self.cursor_path(set))?
+            .and_then(|b| String::from_utf8(b).ok())
+            .and_then(|s| s.trim().parse().ok()))
+    }
+
+    fn commit(&mut self, plan: &Plan) -> CniResult<()> {
+        type Edits = (BTreeSet<IpAddr>, BTreeSet<IpAddr>);
+        let mut identities: BTreeMap<String, Edits> = BTreeMap::new();
+        let mut holders: BTreeMap<(String, String), Edits> = BTreeMap::new();
+        let holder_key = |c: &Claim| {
+            c.holder
+                .as_ref()
+                .map(|h| (h.container_id.clone(), h.ifname.clone()))
+        };
+        for change in &plan.changes {
+            if let Some(after) = &change.after {
+                identities
+                    .entry(after.identity.clone())
+                    .or_default()
+                    .0
+                    .insert(after.ip);
+                if let Some(h) = holder_key(after) {
+                    holders.entry(h).or_default().0.insert(after.ip);
+                }
+            }
+            if let Some(before) = &change.before {
+                let same_ip = change.after.as_ref().is_some_and(|a| a.ip == before.ip);
+                if !(same_ip
+                    && change.after.as_ref().map(|a| &a.identity) == Some(&before.identity))
+                {
+                    identities
+                        .entry(before.identity.clone())
+                        .or_default()
+                        .1
+                        .insert(before.ip);
+                }
+                if let Some(h) = holder_key(before) {
+                    if !(same_ip && change.after.as_ref().and_then(holder_key) == Some(h.clone())) {
+                        holders.entry(h).or_default().1.insert(before.ip);
+                    }
+                }
+            }
+        }
+        let none = BTreeSet::new();
+        // 1. Index entries for the new state, durable before the claims.
+        let mut wrote = false;
+        for (id, (add, _)) in identities.iter().filter(|(_, e)| !e.0.is_empty()) {
+            wrote |= self.update_identity(id, add, &none, true)?;
+        }
+        for (h, (add, _)) in holders.iter().filter(|(_, e)| !e.0.is_empty()) {
+            wrote |= self.update_holder(h, add, &none, true)?;
+        }
+        if wrote {
+            fsync_dir(&self.root.join(IDENTITIES))?;
+            fsync_dir(&self.root.join(HOLDERS))?;
+        }
+        // 2. The claims themselves.
+        for change in &plan.changes {
+            match (&change.before, &change.after) {
+                (_, Some(after)) => {
+                    write_atomic(&self.claim_path(after.ip), &encode(after), true)?;
+                    if let Some(before) = change.before.as_ref().filter(|b| b.ip != after.ip) {
+                        remove_file(&self.claim_path(before.ip))?;
+                    }
+                }
+                (Some(before), None) => remove_file(&self.claim_path(before.ip))?,
+                (None, None) => {}
+            }
+        }
+        if !plan.changes.is_empty() {
+            fsync_dir(&self.root.join(CLAIMS))?;
+        }
+        // 3. Stale index entries: harmless if a crash keeps them (every
+        // index read is checked against the claims), so no fsync.
+        for (id, (_, remove)) in identities.iter().filter(|(_, e)| !e.1.is_empty()) {
+            self.update_identity(id, &none, remove, false)?;
+        }
+        for (h, (_, remove)) in holders.iter().filter(|(_, e)| !e.1.is_empty()) {
+            self.update_holder(h, &none, remove, false)?;
+        }
+        // 4. Cursors only spread allocations; losing one is harmless.
+        for (set, ip) in &plan.cursors {
+            write_atomic(&self.cursor_path(*set), format!("{ip}\n").as_bytes(), false)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claim::Holder;
+    use crate::store::Change;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "sticky-ipam-test-{tag}-{}-{}",
+            std::process::id(),
+            crate::claim::now_secs()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn claim(ip: &str, id: &str, holder: Option<&str>) -> Claim {
+        Claim {
+            ip: ip.parse().unwrap(),
+            identity: id.into(),
+            sticky: true,
+            holder: holder.map(|c| Holder {
+                container_id: c.into(),
+                ifname: "net1".into(),
+                netns: String::new(),
+                netns_id: None,
+                pod_namespace: None,
+                pod_name: None,
+                pod_uid: None,
+                node: "n".into(),
+                boot_id: "b".into(),
+                since: 1,
+            }),
+            created: 1,
+            updated: 1,
+        }
+    }
+
+    fn put(c: Claim) -> Plan {
+        Plan {
+            changes: vec![Change {
+                before: None,
+                after: Some(c),
+            }],
+            cursors: vec![],
+        }
+    }
+
+    #[test]
+    fn round_trip_with_indexes() {
+        let dir = tmpdir("rt");
+        let mut s = FileStore::open(&dir, "net").unwrap();
+        let c = claim("10.0.0.5", "../../etc/passwd", Some("c1"));
+        s.commit(&put(c.clone())).unwrap();
+        assert_eq!(s.claim(c.ip).unwrap(), Some(c.clone()));
+        assert_eq!(
+            s.claims_of_identity("../../etc/passwd").unwrap(),
+            vec![c.clone()]
+        );
+        assert_eq!(s.claims_of_holder("c1", "net1").unwrap(), vec![c.clone()]);
+        assert!(!dir.join("net/identities/../../etc").exists());
+        // Holder moves: the old holder's index no longer finds it.
+        let moved = claim("10.0.0.5", "../../etc/passwd", Some("c2"));
+        s.commit(&Plan {
+            changes: vec![Change {
+                before: Some(c.clone()),
+                after: Some(moved.clone()),
+            }],
+            cursors: vec![(0, c.ip)],
+        })
+        .unwrap();
+        assert!(s.claims_of_holder("c1", "net1").unwrap().is_empty());
+        assert_eq!(
+            s.claims_of_holder("c2", "net1").unwrap(),
+            vec![moved.clone()]
+        );
+        assert_eq!(s.cursor(0).unwrap(), Some(c.ip));
+        // Delete: nothing is left in any index.
+        s.commit(&Plan {
+            changes: vec![Change {
+                before: Some(moved),
+                after: None,
+            }],
+            cursors: vec![],
+        })
+        .unwrap();
+        assert!(s.list().unwrap().claims.is_empty());
+        assert_eq!(
+            std::fs::read_dir(dir.join("net/identities"))
+                .unwrap()
+                .count(),
+            0
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.join("net/holders")).unwrap().count(),
+            0
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn damaged_records_are_named_not_guessed() {
+        let dir = tmpdir("dmg");
+        let mut s = FileStore::open(&dir, "net").unwrap();
+        s.commit(&put(claim("10.0.0.6", "a", None))).unwrap();
+        let claims = dir.join("net/claims");
+        std::fs::write(claims.join("10.0.0.7"), b"{\"ip\": \"10.0.0.7\", \"iden").unwrap();
+        std::fs::write(claims.join("10.0.0.8"), b"").unwrap();
+        std::fs::write(claims.join("README"), b"hello").unwrap();
+        std::fs::copy(claims.join("10.0.0.6"), claims.join("10.0.0.9")).unwrap();
+        let e = s.claim("10.0.0.7".parse().unwrap()).unwrap_err();
+        assert_eq!(e.code, STORE_DAMAGED);
+        assert!(
+            e.msg.contains("10.0.0.7") && e.msg.contains("damaged"),
+            "{}",
+            e.msg
+        );
+        let listing = s.list().unwrap();
+        assert_eq!(listing.claims.len(), 1);
+        let names: Vec<String> = listing
+            .damaged
+            .iter()
+            .map(|d| d.path.file_name().unwrap().to_string_lossy().to_string())
+            .collect();
+        assert_eq!(names.len(), 4, "{names:?}");
+        let mismatch = listing
+            .damaged
+            .iter()
+            .find(|d| d.path.ends_with("10.0.0.9"))
+            .unwrap();
+        assert!(mismatch.why.contains("names 10.0.0.6"), "{}", mismatch.why);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn symlinked_records_are_not_followed() {
+        let dir = tmpdir("link");
+        let mut s = FileStore::open(&dir, "net").unwrap();
+        let outside = dir.join("outside");
+        std::fs::write(&outside, b"{}").unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("net/claims/10.0.0.9")).unwrap();
+        assert!(s.claim("10.0.0.9".parse().unwrap()).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn permissions_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tmpdir("perm");
+        let mut s = FileStore::open(&dir, "net").unwrap();
+        s.commit(&put(claim("10.0.0.6", "a", Some("c")))).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir.join("net/claims")), 0o700);
+        assert_eq!(mode(&dir.join("net/claims/10.0.0.6")), 0o600);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

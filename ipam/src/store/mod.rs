@@ -1,0 +1,80 @@
+//! Claim stores. A `ClaimStore` is one network's claims, opened under that
+//! network's lock: reads, then one `commit` of a `Plan`. The engine never
+//! sees files; `file::FileStore` is the embedded store, `memory` the test one.
+
+pub mod file;
+pub mod memory;
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use cni::CniResult;
+
+use crate::claim::Claim;
+
+/// A stored record that cannot be read: it is reported by name, never
+/// guessed at or silently dropped.
+pub const STORE_DAMAGED: u32 = 110;
+
+/// One claim's change: `before` as read, `after` as it must become
+/// (None: deleted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub before: Option<Claim>,
+    pub after: Option<Claim>,
+}
+
+impl Change {
+    pub fn ip(&self) -> Option<IpAddr> {
+        self.after.as_ref().or(self.before.as_ref()).map(|c| c.ip)
+    }
+
+    /// The change that undoes this one.
+    pub fn inverse(&self) -> Change {
+        Change {
+            before: self.after.clone(),
+            after: self.before.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub changes: Vec<Change>,
+    /// (range set, last address handed out) for next-fit.
+    pub cursors: Vec<(usize, IpAddr)>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty() && self.cursors.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damaged {
+    pub path: PathBuf,
+    pub why: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    pub claims: Vec<Claim>,
+    pub damaged: Vec<Damaged>,
+}
+
+pub trait ClaimStore {
+    /// The claim on `ip`; an unreadable record is an error with code
+    /// `STORE_DAMAGED` naming it.
+    fn claim(&mut self, ip: IpAddr) -> CniResult<Option<Claim>>;
+    /// Claims whose identity is `identity` (found through an index, checked
+    /// against the claims themselves).
+    fn claims_of_identity(&mut self, identity: &str) -> CniResult<Vec<Claim>>;
+    /// Claims whose holder is this attachment.
+    fn claims_of_holder(&mut self, container_id: &str, ifname: &str) -> CniResult<Vec<Claim>>;
+    /// Every claim (the slow path: exhaustion, GC, reconcile, the CLI).
+    fn list(&mut self) -> CniResult<Listing>;
+    fn cursor(&mut self, set: usize) -> CniResult<Option<IpAddr>>;
+    /// Applies a plan durably before returning.
+    fn commit(&mut self, plan: &Plan) -> CniResult<()>;
+}
