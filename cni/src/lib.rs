@@ -7,6 +7,7 @@ pub mod env;
 pub mod error;
 pub mod log;
 pub mod result;
+pub mod skel;
 pub mod version;
 
 pub use args::CniArgs;

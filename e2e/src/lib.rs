@@ -10,6 +10,7 @@
 
 pub mod cni;
 pub mod state;
+pub mod store;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -233,6 +234,22 @@ impl Topology {
         self.namespaces.retain(|n| n != name);
     }
 
+    /// A node crash: its netns goes (uplink and every macvlan on it), and
+    /// so do its pods' netns; no DEL is ever run.
+    pub fn crash_node(&mut self, node: usize, pods: &[&Pod]) {
+        let netns = self.nodes[node].netns.clone();
+        self.delete_netns(&netns);
+        for pod in pods {
+            self.delete_netns(&pod.netns);
+        }
+    }
+
+    /// Pings from `netns` up to `tries` times (a takeover may need the
+    /// peer's neighbour entry to move first).
+    pub fn ping_eventually(&self, netns: &str, target: &str, tries: u32) -> bool {
+        (0..tries).any(|_| self.ping_from(netns, target))
+    }
+
     pub fn node(&self, i: usize) -> &Node {
         &self.nodes[i]
     }
@@ -271,6 +288,17 @@ pub fn target_dir() -> PathBuf {
         dir.pop();
     }
     dir
+}
+
+/// Our standalone IPAM binary, for the reference macvlan to exec.
+pub fn our_ipam() -> PathBuf {
+    let p = target_dir().join("sticky-ipam");
+    assert!(
+        p.exists(),
+        "{} is missing: build it first (cargo build -p sticky-ipam)",
+        p.display()
+    );
+    p
 }
 
 pub fn our_plugin() -> PathBuf {
@@ -344,6 +372,24 @@ pub mod configs {
             "routes": [{"dst": "0.0.0.0/0"}],
             "dns": {"nameservers": ["10.213.0.53"], "search": ["svc.example"]},
         })
+    }
+
+    /// Our plugin with the in-process sticky IPAM; `extra` is merged into
+    /// the ipam section.
+    pub fn sticky(master: &str, store: &Path, extra: Value) -> Value {
+        let mut ipam = json!({
+            "type": "sticky-ipam",
+            "subnet": format!("{}.0/24", super::SUBNET_PREFIX),
+            "rangeStart": format!("{}.10", super::SUBNET_PREFIX),
+            "rangeEnd": format!("{}.200", super::SUBNET_PREFIX),
+            "gateway": format!("{}.1", super::SUBNET_PREFIX),
+            "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": store,
+        });
+        if let (Some(i), Some(e)) = (ipam.as_object_mut(), extra.as_object()) {
+            i.extend(e.clone());
+        }
+        macvlan(OUR_TYPE, "1.0.0", master, ipam)
     }
 
     /// IP files host-local holds in `dir` (empty when nothing is allocated).

@@ -1,7 +1,10 @@
 pub mod addr;
 pub mod claim;
+pub mod cli;
+pub mod cni_ipam;
 pub mod config;
 pub mod engine;
 pub mod identity;
 pub mod liveness;
 pub mod store;
+pub mod system;

@@ -25,10 +25,12 @@ Commands:
   version     print the plugin version and supported CNI versions
   help        print this help
 
+{}
 Set CNI_COMMAND to run as a plugin, e.g.
   echo '{{\"cniVersion\":\"1.0.0\"}}' | CNI_COMMAND=VERSION sticky-macvlan
 ",
-        SUPPORTED_VERSIONS.join(", ")
+        SUPPORTED_VERSIONS.join(", "),
+        sticky_ipam::cli::COMMANDS_HELP
     )
 }
 
@@ -47,6 +49,9 @@ pub fn main(args: &[String]) -> ExitCode {
             ExitCode::SUCCESS
         }
         Some(other) => {
+            if let Some(code) = sticky_ipam::cli::run("sticky-macvlan", other, &args[1..]) {
+                return code;
+            }
             let _ = writeln!(
                 std::io::stderr(),
                 "sticky-macvlan: unknown command {other:?}; run `sticky-macvlan --help`"

@@ -8,15 +8,14 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::cni::conf::gc_attachments;
-use crate::cni::{
-    code, CniArgs, CniEnv, CniError, CniOutput, CniResult, CniVersion, Command, Interface,
-};
+use crate::cni::skel::require_verb;
+use crate::cni::{code, CniArgs, CniEnv, CniError, CniOutput, CniResult, Command, Interface};
 use crate::config::NetConf;
 use crate::datapath::macvlan::{self, CreatedLink, Expected, LinkSpec};
 use crate::datapath::netns::{open_netns, OpenNetnsError};
 use crate::datapath::rtnl::RtnlClient;
 use crate::datapath::{parse_mac, Mac, Netlink, Ns};
-use crate::ipam::{DelegatedIpam, Ipam};
+use crate::ipam::Ipam;
 use crate::log;
 
 /// What the process prints on success (None: print nothing).
@@ -37,11 +36,11 @@ pub fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Output> {
             conf.name, env.container_id, env.ifname
         ),
     );
-    let mut ipam = conf
-        .ipam
-        .as_ref()
-        .map(|i| DelegatedIpam::new(&i.plugin_type, &env.path, stdin, conf.cni_version));
-    let ipam_dyn = ipam.as_mut().map(|i| i as &mut dyn Ipam);
+    let mut ipam = match &conf.ipam {
+        None => None,
+        Some(section) => Some(crate::ipam::for_section(section, env, &conf, stdin)?),
+    };
+    let ipam_dyn = ipam.as_mut().map(|i| i.as_mut() as &mut dyn Ipam);
     let result = match env.command {
         Command::Add => {
             let mut nl = connect(Some(&env.netns))?;
@@ -49,25 +48,17 @@ pub fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Output> {
         }
         Command::Del => del_with_netns(env, ipam_dyn).map(|()| None),
         Command::Check => {
-            require(conf.cni_version.allows_check(), "CHECK", conf.cni_version)?;
+            require_verb(Command::Check, conf.cni_version)?;
             let mut nl = connect(Some(&env.netns))?;
             check(env, &conf, &mut nl, ipam_dyn).map(|()| None)
         }
         Command::Status => {
-            require(
-                conf.cni_version.allows_status_and_gc(),
-                "STATUS",
-                conf.cni_version,
-            )?;
+            require_verb(Command::Status, conf.cni_version)?;
             let mut nl = connect(None)?;
             status(&conf, &mut nl, ipam_dyn).map(|()| None)
         }
         Command::Gc => {
-            require(
-                conf.cni_version.allows_status_and_gc(),
-                "GC",
-                conf.cni_version,
-            )?;
+            require_verb(Command::Gc, conf.cni_version)?;
             gc(stdin, ipam_dyn).map(|()| None)
         }
         // Answered above, before the config is read.
@@ -78,19 +69,6 @@ pub fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Output> {
         Err(e) => log::error(&format!("{} failed: {e}", env.command.as_str())),
     }
     result
-}
-
-fn require(allowed: bool, verb: &str, version: CniVersion) -> CniResult<()> {
-    if allowed {
-        return Ok(());
-    }
-    let needs = if verb == "CHECK" { "0.4.0" } else { "1.1.0" };
-    Err(CniError::new(
-        code::INCOMPATIBLE_VERSION,
-        format!(
-            "config version {version} does not allow {verb}: it needs cniVersion {needs} or later"
-        ),
-    ))
 }
 
 fn connect(netns: Option<&str>) -> CniResult<RtnlClient> {
@@ -163,7 +141,7 @@ pub fn add(
         Some(ipam) => ipam.add().and_then(|allocated| {
             finish_l3(env, conf, nl, &link, allocated, prev).map_err(|e| {
                 let release = ipam
-                    .del()
+                    .undo_add()
                     .map_err(|r| r.context("cannot release the IPAM after a failed ADD"));
                 macvlan::with_cleanup(e, release)
             })
@@ -354,7 +332,7 @@ pub fn gc(stdin: &[u8], ipam: Option<&mut dyn Ipam>) -> CniResult<()> {
     let keep = gc_attachments(stdin)?;
     log::debug(&format!("GC keeping {} attachments", keep.len()));
     match ipam {
-        Some(ipam) => ipam.gc(),
+        Some(ipam) => ipam.gc(&keep),
         None => Ok(()),
     }
 }
@@ -400,7 +378,7 @@ mod tests {
         fn status(&mut self) -> CniResult<()> {
             Ok(())
         }
-        fn gc(&mut self) -> CniResult<()> {
+        fn gc(&mut self, _keep: &[(String, String)]) -> CniResult<()> {
             Ok(())
         }
     }
@@ -580,23 +558,5 @@ mod tests {
         assert_eq!(e.code, code::STATUS_UNAVAILABLE);
         let mut nl = self::nl();
         status(&conf("1.1.0", json!({})), &mut nl, None).unwrap();
-    }
-
-    #[test]
-    fn verbs_refused_below_their_version() {
-        let e = require(
-            CniVersion::V0_3_1.allows_check(),
-            "CHECK",
-            CniVersion::V0_3_1,
-        )
-        .unwrap_err();
-        assert_eq!(e.code, code::INCOMPATIBLE_VERSION);
-        assert!(e.msg.contains("CHECK") && e.msg.contains("0.3.1"));
-        assert!(require(
-            CniVersion::V1_0_0.allows_status_and_gc(),
-            "GC",
-            CniVersion::V1_0_0
-        )
-        .is_err());
     }
 }

@@ -1,7 +1,7 @@
-//! IPAM drivers. `DelegatedIpam` runs any `ipam.type` binary from CNI_PATH
-//! with the standard protocol, exactly as the reference macvlan does, so
-//! host-local, static and whereabouts work behind us unchanged. The
-//! in-process sticky IPAM arrives as a second implementation of `Ipam`.
+//! IPAM drivers. `"type": "sticky-ipam"` runs in-process (the `sticky-ipam`
+//! crate, no exec); any other `ipam.type` is a binary on CNI_PATH run with
+//! the standard protocol by `DelegatedIpam`, exactly as the reference
+//! macvlan does, so host-local, static and whereabouts work behind us.
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -10,14 +10,78 @@ use std::process::{Command as Process, Stdio};
 
 use serde_json::Value;
 
-use crate::cni::{code, CniError, CniOutput, CniResult, CniVersion, Command};
+use sticky_ipam::cni_ipam::{Attachment, StickyIpam};
+
+use crate::cni::conf::IpamSection;
+use crate::cni::{code, CniEnv, CniError, CniOutput, CniResult, CniVersion, Command};
+use crate::config::NetConf;
 
 pub trait Ipam {
     fn add(&mut self) -> CniResult<CniOutput>;
+    /// Undoes this process's `add` after a later step of ADD failed. A
+    /// delegate only knows DEL; the in-process IPAM restores exactly.
+    fn undo_add(&mut self) -> CniResult<()> {
+        self.del()
+    }
     fn del(&mut self) -> CniResult<()>;
     fn check(&mut self) -> CniResult<()>;
     fn status(&mut self) -> CniResult<()>;
-    fn gc(&mut self) -> CniResult<()>;
+    /// `keep`: the (containerID, ifname) attachments the runtime still has.
+    fn gc(&mut self, keep: &[(String, String)]) -> CniResult<()>;
+}
+
+/// The `ipam.type` served in-process.
+pub const IN_PROCESS: &str = "sticky-ipam";
+
+/// The driver for an `ipam` section.
+pub fn for_section(
+    section: &IpamSection,
+    env: &CniEnv,
+    conf: &NetConf,
+    stdin: &[u8],
+) -> CniResult<Box<dyn Ipam>> {
+    if section.plugin_type == IN_PROCESS {
+        let attachment = Attachment {
+            container_id: env.container_id.clone(),
+            ifname: env.ifname.clone(),
+            netns: env.netns.clone(),
+            args: env.args.clone(),
+            args_cni: conf.args_cni.clone(),
+            runtime_ips: conf.runtime_ips.clone(),
+        };
+        return Ok(Box::new(StickyIpam::new(
+            &conf.name,
+            &section.raw,
+            attachment,
+        )?));
+    }
+    Ok(Box::new(DelegatedIpam::new(
+        &section.plugin_type,
+        &env.path,
+        stdin,
+        conf.cni_version,
+    )))
+}
+
+impl Ipam for StickyIpam {
+    fn add(&mut self) -> CniResult<CniOutput> {
+        StickyIpam::add(self)
+    }
+    fn undo_add(&mut self) -> CniResult<()> {
+        StickyIpam::undo_add(self)
+    }
+    fn del(&mut self) -> CniResult<()> {
+        StickyIpam::del(self)
+    }
+    fn check(&mut self) -> CniResult<()> {
+        StickyIpam::check(self)
+    }
+    fn status(&mut self) -> CniResult<()> {
+        StickyIpam::status(self)
+    }
+    fn gc(&mut self, keep: &[(String, String)]) -> CniResult<()> {
+        StickyIpam::gc(self, keep)
+    }
 }
 
 /// Finds `plugin` in a colon-separated CNI_PATH.
@@ -151,7 +215,8 @@ impl Ipam for DelegatedIpam {
         self.exec(Command::Status).map(drop)
     }
 
-    fn gc(&mut self) -> CniResult<()> {
+    fn gc(&mut self, _keep: &[(String, String)]) -> CniResult<()> {
+        // The delegate reads the attachments from the config itself.
         self.exec(Command::Gc).map(drop)
     }
 }

@@ -1,0 +1,78 @@
+//! What every CNI binary of ours does around its verbs: read stdin, answer
+//! on stdout (the result or an error JSON), and refuse a verb the config's
+//! version does not have.
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+
+use crate::env::Command;
+use crate::error::{code, CniError, CniResult};
+use crate::version::CniVersion;
+
+pub fn read_stdin() -> CniResult<Vec<u8>> {
+    let mut stdin = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut stdin)
+        .map_err(|e| CniError::io(format!("cannot read the network config from stdin: {e}")))?;
+    Ok(stdin)
+}
+
+pub fn emit(value: &serde_json::Value) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, value)?;
+    out.write_all(b"\n")?;
+    out.flush()
+}
+
+/// Prints `err` as CNI error JSON in `version` and returns the exit code.
+pub fn fail(program: &str, err: &CniError, version: CniVersion) -> ExitCode {
+    if let Err(e) = emit(&err.to_json(version)) {
+        eprintln!("{program}: {err} (and stdout failed: {e})");
+    }
+    ExitCode::from(1)
+}
+
+/// Prints a successful answer (if any).
+pub fn succeed(program: &str, out: Option<&serde_json::Value>) -> ExitCode {
+    match out.map(emit) {
+        Some(Err(e)) => {
+            eprintln!("{program}: cannot write the result to stdout: {e}");
+            ExitCode::from(1)
+        }
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+/// CHECK needs 0.4.0, STATUS and GC need 1.1.0.
+pub fn require_verb(command: Command, version: CniVersion) -> CniResult<()> {
+    let (allowed, needs) = match command {
+        Command::Check => (version.allows_check(), "0.4.0"),
+        Command::Status | Command::Gc => (version.allows_status_and_gc(), "1.1.0"),
+        _ => return Ok(()),
+    };
+    if allowed {
+        return Ok(());
+    }
+    Err(CniError::new(
+        code::INCOMPATIBLE_VERSION,
+        format!(
+            "config version {version} does not allow {}: it needs cniVersion {needs} or later",
+            command.as_str()
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbs_refused_below_their_version() {
+        let e = require_verb(Command::Check, CniVersion::V0_3_1).unwrap_err();
+        assert_eq!(e.code, code::INCOMPATIBLE_VERSION);
+        assert!(e.msg.contains("CHECK") && e.msg.contains("0.3.1"));
+        assert!(require_verb(Command::Gc, CniVersion::V1_0_0).is_err());
+        assert!(require_verb(Command::Status, CniVersion::V1_1_0).is_ok());
+        assert!(require_verb(Command::Add, CniVersion::V0_1_0).is_ok());
+    }
+}

@@ -1,0 +1,800 @@
+//! sticky-ipam through the real binaries on real namespaces: the field
+//! reports of DESIGN.md section 1, restarts, scale-down/up, refusals,
+//! concurrency, kill -9 at varied points, and the standalone IPAM behind
+//! the reference macvlan.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sticky_e2e::store::{assert_invariants, claims, holder_of};
+use sticky_e2e::{
+    configs, our_ipam, our_plugin, reference_plugin, target_dir, CniCall, CniReply, Pod, Topology,
+    SUBNET_PREFIX,
+};
+
+const NET: &str = "macnet";
+
+fn k8s(name: &str, uid: &str) -> String {
+    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=infra;K8S_POD_UID={uid};IgnoreUnknown=1")
+}
+
+fn call(
+    topo: &Topology,
+    node: usize,
+    cmd: &str,
+    conf: &Value,
+    cid: &str,
+    pod: &Pod,
+    args: &str,
+) -> CniReply {
+    CniCall::new(&our_plugin(), &topo.node(node).netns, cmd, conf.clone())
+        .container(cid)
+        .netns(&pod.path)
+        .args(args)
+        .run()
+}
+
+#[track_caller]
+fn address(reply: &CniReply) -> String {
+    let out = reply.expect_ok();
+    out["ips"][0]["address"]
+        .as_str()
+        .and_then(|a| a.split('/').next())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn links_in(netns: &str) -> Vec<String> {
+    let out = Command::new("ip")
+        .args(["-n", netns, "-o", "link", "show"])
+        .output()
+        .expect("ip link");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).to_string())
+        .collect()
+}
+
+fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let claims = dir.join(NET).join("claims");
+    std::fs::read_dir(&claims)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| {
+                    (
+                        e.file_name().to_string_lossy().to_string(),
+                        std::fs::read(e.path()).unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Field report A: the only IP of a BGP speaker survives a node crash with
+/// sticky-ipam, and does not with host-local (shown in the same run).
+#[test]
+fn field_report_a_bgp_peer_ip_survives_node_crash() {
+    let mut topo = Topology::new(4);
+    let router = topo.router.clone();
+    sticky_e2e::ip(&[
+        "-n",
+        &router,
+        "addr",
+        "add",
+        "172.31.59.1/24",
+        "dev",
+        "eth0",
+    ]);
+    let single = json!({"subnet": "172.31.59.0/24", "rangeStart": "172.31.59.2", "rangeEnd": "172.31.59.2", "gateway": "172.31.59.1"});
+
+    // The reference: macvlan + host-local, rangeStart == rangeEnd.
+    let mut hl = single.clone();
+    hl["type"] = json!("host-local");
+    hl["dataDir"] = json!(topo.file("host-local"));
+    let reference = configs::macvlan(configs::REF_TYPE, "1.0.0", "uplink0", hl);
+    let ref_call = |topo: &Topology, node: usize, cid: &str, pod: &Pod| {
+        CniCall::new(
+            &reference_plugin("macvlan"),
+            &topo.node(node).netns,
+            "ADD",
+            reference.clone(),
+        )
+        .container(cid)
+        .netns(&pod.path)
+        .args(&k8s("speaker-0", cid))
+        .run()
+    };
+    let ref_old = topo.add_pod("ref-old");
+    assert_eq!(
+        address(&ref_call(&topo, 0, "ref-old", &ref_old)),
+        "172.31.59.2"
+    );
+    topo.crash_node(0, &[&ref_old]);
+    let ref_new = topo.add_pod("ref-new");
+    let refused = ref_call(&topo, 1, "ref-new", &ref_new);
+    assert!(!refused.success, "host-local handed out its only IP twice");
+    assert!(
+        refused
+            .msg()
+            .contains("no IP addresses available in range set"),
+        "reference said: {}",
+        refused.stdout
+    );
+
+    // Ours: same network, the identity is the BGP peer's.
+    let mut ipam = single.clone();
+    ipam["dataDir"] = json!(topo.file("sticky"));
+    let mut ours = configs::macvlan(configs::OUR_TYPE, "1.0.0", "uplink0", ipam);
+    ours["ipam"]["type"] = json!("sticky-ipam");
+    ours["args"] = json!({"cni": {"identity": "bgp-peer-a"}});
+    let old = topo.add_pod("old");
+    assert_eq!(
+        address(&call(
+            &topo,
+            2,
+            "ADD",
+            &ours,
+            "old",
+            &old,
+            &k8s("speaker-0", "uid-old")
+        )),
+        "172.31.59.2"
+    );
+    assert!(topo.ping_eventually(&router, "172.31.59.2", 3));
+    topo.crash_node(2, &[&old]);
+    let new = topo.add_pod("new");
+    let start = Instant::now();
+    let reply = call(
+        &topo,
+        3,
+        "ADD",
+        &ours,
+        "new",
+        &new,
+        &k8s("speaker-0", "uid-new"),
+    );
+    assert_eq!(address(&reply), "172.31.59.2", "{}", reply.stderr);
+    eprintln!("takeover ADD answered in {:?}", start.elapsed());
+    assert!(
+        topo.ping_eventually(&router, "172.31.59.2", 3),
+        "the router cannot reach the new holder"
+    );
+    assert_eq!(
+        holder_of(&topo.file("sticky"), NET, "bgp-peer-a").as_deref(),
+        Some("new")
+    );
+}
+
+/// Field report B: 10 IPs for 10 replicas; a node with 4 of them crashes;
+/// 4 replacements come up with no manual step and no duplicate.
+#[test]
+fn field_report_b_replacements_after_node_crash_need_no_cleanup() {
+    let mut topo = Topology::new(2);
+    let store = topo.file("store");
+    let conf = configs::sticky(
+        "uplink0",
+        &store,
+        json!({"rangeStart": format!("{SUBNET_PREFIX}.10"), "rangeEnd": format!("{SUBNET_PREFIX}.19")}),
+    );
+    let mut on_node1 = Vec::new();
+    let mut ips = BTreeSet::new();
+    for i in 0..10 {
+        let name = format!("web-{i}");
+        let pod = topo.add_pod(&name);
+        let node = usize::from(i >= 4);
+        let reply = call(
+            &topo,
+            node,
+            "ADD",
+            &conf,
+            &format!("c-{name}"),
+            &pod,
+            &k8s(&name, &name),
+        );
+        assert!(ips.insert(address(&reply)));
+        if node == 0 {
+            on_node1.push(pod);
+        }
+    }
+    let extra = topo.add_pod("web-extra");
+    let full = call(
+        &topo,
+        1,
+        "ADD",
+        &conf,
+        "c-extra",
+        &extra,
+        &k8s("web-extra", "x"),
+    );
+    assert_eq!(full.code(), Some(11), "{}", full.stdout);
+    assert!(
+        full.msg().contains("10.213.0.10-10.213.0.19") && full.msg().contains(NET),
+        "{}",
+        full.msg()
+    );
+
+    let refs: Vec<&Pod> = on_node1.iter().collect();
+    topo.crash_node(0, &refs);
+    let mut replacement_ips = BTreeSet::new();
+    for i in 0..4 {
+        let name = format!("web-new-{i}");
+        let pod = topo.add_pod(&name);
+        let reply = call(
+            &topo,
+            1,
+            "ADD",
+            &conf,
+            &format!("c-{name}"),
+            &pod,
+            &k8s(&name, &name),
+        );
+        replacement_ips.insert(address(&reply));
+    }
+    assert_eq!(replacement_ips.len(), 4);
+    assert!(
+        replacement_ips.is_subset(&ips),
+        "replacements reuse the dead pods' addresses"
+    );
+    let held = assert_invariants(&store, NET);
+    assert_eq!(held.len(), 10);
+    let distinct: BTreeSet<_> = held.values().collect();
+    assert_eq!(distinct.len(), 10, "no duplicate IPs");
+}
+
+/// A restarted pod (same UID, new sandbox) keeps its IP, and the old
+/// sandbox's late DEL does not release it.
+#[test]
+fn restart_keeps_ip_and_late_del_is_a_no_op() {
+    let mut topo = Topology::new(1);
+    let store = topo.file("store");
+    let conf = configs::sticky("uplink0", &store, json!({"identityPolicy": "podName"}));
+    let first = topo.add_pod("sandbox1");
+    let ip = address(&call(
+        &topo,
+        0,
+        "ADD",
+        &conf,
+        "sandbox1",
+        &first,
+        &k8s("db-0", "uid-db"),
+    ));
+    let second = topo.add_pod("sandbox2");
+    let again = call(
+        &topo,
+        0,
+        "ADD",
+        &conf,
+        "sandbox2",
+        &second,
+        &k8s("db-0", "uid-db"),
+    );
+    assert_eq!(address(&again), ip, "same pod, same IP");
+    let late = call(
+        &topo,
+        0,
+        "DEL",
+        &conf,
+        "sandbox1",
+        &first,
+        &k8s("db-0", "uid-db"),
+    );
+    late.expect_ok();
+    assert_eq!(
+        holder_of(&store, NET, "default/db-0").as_deref(),
+        Some("sandbox2")
+    );
+    assert!(links_in(&second.netns).contains(&"net1".to_string()));
+    // DEL by the holder releases it; a second DEL is a no-op.
+    call(
+        &topo,
+        0,
+        "DEL",
+        &conf,
+        "sandbox2",
+        &second,
+        &k8s("db-0", "uid-db"),
+    )
+    .expect_ok();
+    call(
+        &topo,
+        0,
+        "DEL",
+        &conf,
+        "sandbox2",
+        &second,
+        &k8s("db-0", "uid-db"),
+    )
+    .expect_ok();
+    assert_eq!(holder_of(&store, NET, "default/db-0"), None);
+    assert_invariants(&store, NET);
+}
+
+/// Scale-down then scale-up returns the same IP, although other identities
+/// allocated in between.
+#[test]
+fn sticky_across_scale_down_and_up() {
+    let mut topo = Topology::new(1);
+    let store = topo.file("store");
+    let conf = configs::sticky("uplink0", &store, json!({"identityPolicy": "podName"}));
+    let mut first = BTreeMap::new();
+    for i in 0..3 {
+        let name = format!("rs-{i}");
+        let pod = topo.add_pod(&name);
+        first.insert(
+            name.clone(),
+            address(&call(
+                &topo,
+                0,
+                "ADD",
+                &conf,
+                &name,
+                &pod,
+                &k8s(&name, &format!("u-{name}")),
+            )),
+        );
+        call(&topo, 0, "DEL", &conf, &name, &pod, &k8s(&name, "")).expect_ok();
+    }
+    for i in 0..5 {
+        let name = format!("other-{i}");
+        let pod = topo.add_pod(&name);
+        let ip = address(&call(
+            &topo,
+            0,
+            "ADD",
+            &conf,
+            &name,
+            &pod,
+            &k8s(&name, &name),
+        ));
+        assert!(
+            !first.values().any(|v| *v == ip),
+            "{ip} is reserved for a scaled-down identity"
+        );
+    }
+    for i in (0..3).rev() {
+        let name = format!("rs-{i}");
+        let pod = topo.add_pod(&format!("{name}-b"));
+        let ip = address(&call(
+            &topo,
+            0,
+            "ADD",
+            &conf,
+            &format!("{name}-b"),
+            &pod,
+            &k8s(&name, &format!("u2-{name}")),
+        ));
+        assert_eq!(ip, first[&name], "{name} got its address back");
+    }
+    assert_invariants(&store, NET);
+}
+
+/// An identity held by a live holder is refused with code 11 naming it,
+/// and nothing changes.
+#[test]
+fn live_holder_is_refused_and_nothing_changes() {
+    let mut topo = Topology::new(2);
+    let store = topo.file("store");
+    let mut conf = configs::sticky("uplink0", &store, json!({}));
+    conf["args"] = json!({"cni": {"identity": "peer-b"}});
+    let holder = topo.add_pod("holder");
+    let ip = address(&call(
+        &topo,
+        0,
+        "ADD",
+        &conf,
+        "holder",
+        &holder,
+        &k8s("peer-b-1", "uid-1"),
+    ));
+    let before = snapshot(&store);
+    let rival = topo.add_pod("rival");
+    let refused = call(
+        &topo,
+        1,
+        "ADD",
+        &conf,
+        "rival",
+        &rival,
+        &k8s("peer-b-2", "uid-2"),
+    );
+    assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
+    let msg = refused.msg();
+    assert!(
+        msg.contains(&ip) && msg.contains("default/peer-b-1") && msg.contains("still exists"),
+        "{msg}"
+    );
+    assert_eq!(snapshot(&store), before, "the store is untouched");
+    assert_eq!(
+        links_in(&rival.netns),
+        vec!["lo".to_string()],
+        "no link is left"
+    );
+    assert!(
+        topo.ping_eventually(&holder.netns, &format!("{SUBNET_PREFIX}.1"), 2),
+        "the holder still works"
+    );
+}
+
+/// 64 concurrent ADDs of distinct identities on one node.
+#[test]
+fn concurrent_adds_get_distinct_addresses() {
+    let mut topo = Topology::new(1);
+    let store = topo.file("store");
+    let conf = configs::sticky("uplink0", &store, json!({"identityPolicy": "podName"}));
+    let pods: Vec<Pod> = (0..64).map(|i| topo.add_pod(&format!("c{i}"))).collect();
+    let node = topo.node(0).netns.clone();
+    let replies: Vec<CniReply> = std::thread::scope(|s| {
+        let handles: Vec<_> = pods
+            .iter()
+            .enumerate()
+            .map(|(i, pod)| {
+                let call = CniCall::new(&our_plugin(), &node, "ADD", conf.clone())
+                    .container(&format!("ctr{i}"))
+                    .netns(&pod.path)
+                    .args(&k8s(&format!("set-{i}"), &format!("uid-{i}")));
+                s.spawn(move || call.run())
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    let ips: BTreeSet<String> = replies.iter().map(address).collect();
+    assert_eq!(ips.len(), 64, "64 distinct addresses");
+    let held = assert_invariants(&store, NET);
+    assert_eq!(held.len(), 64);
+    for (i, reply) in replies.iter().enumerate() {
+        assert_eq!(
+            held[&format!("default/set-{i}")].to_string(),
+            address(reply)
+        );
+    }
+}
+
+/// Runs the plugin and kills it with SIGKILL after `delay`.
+fn run_and_kill(call: &CniCall, delay: Duration) -> bool {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &call.node_netns])
+        .arg(&call.plugin);
+    for (k, v) in [
+        ("CNI_COMMAND", &call.command),
+        ("CNI_CONTAINERID", &call.container_id),
+        ("CNI_NETNS", &call.netns),
+        ("CNI_IFNAME", &call.ifname),
+        ("CNI_ARGS", &call.args),
+        ("CNI_PATH", &call.cni_path),
+    ] {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn plugin");
+    if let Some(mut stdin) = child.stdin.take() {
+        use std::io::Write;
+        let _ = stdin.write_all(call.config.to_string().as_bytes());
+    }
+    std::thread::sleep(delay);
+    let _ = child.kill();
+    let status = child.wait().expect("wait");
+    !status.success()
+}
+
+/// kill -9 at varied points of ADD and DEL, then what kubelet does next;
+/// afterwards no duplicate IP, no leaked link, no lost sticky binding.
+#[test]
+fn kill_9_during_add_and_del_loses_nothing() {
+    let mut topo = Topology::new(1);
+    let store = topo.file("store");
+    let conf = configs::sticky("uplink0", &store, json!({"identityPolicy": "podName"}));
+    let node = topo.node(0).netns.clone();
+    let identities = 6;
+    let mut bound: BTreeMap<String, String> = BTreeMap::new();
+    let mut killed = 0;
+    let trials = 48;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    for trial in 0..trials {
+        assert!(
+            Instant::now() < deadline,
+            "crash trials ran past their time bound"
+        );
+        let name = format!("crash-{}", trial % identities);
+        let uid = format!("uid-{trial}");
+        let args = k8s(&name, &uid);
+        // Spread the kill over the whole ADD (a few ms): start-up, store, netlink.
+        let delay = Duration::from_micros(((trial * 7919) % 12_000) as u64);
+        let pod = topo.add_pod(&format!("t{trial}"));
+        let cid = format!("ctr-{trial}");
+        let add = CniCall::new(&our_plugin(), &node, "ADD", conf.clone())
+            .container(&cid)
+            .netns(&pod.path)
+            .args(&args);
+        let kill_add = trial % 2 == 0;
+        if kill_add {
+            killed += usize::from(run_and_kill(&add, delay));
+            // kubelet: tear the failed sandbox down, then a new sandbox.
+            call(&topo, 0, "DEL", &conf, &cid, &pod, &args).expect_ok();
+            topo.delete_netns(&pod.netns);
+            let pod = topo.add_pod(&format!("t{trial}-retry"));
+            let reply = call(&topo, 0, "ADD", &conf, &format!("{cid}-retry"), &pod, &args);
+            let ip = address(&reply);
+            if let Some(old) = bound.insert(name.clone(), ip.clone()) {
+                assert_eq!(old, ip, "{name} lost its sticky binding");
+            }
+            assert_eq!(
+                links_in(&pod.netns),
+                vec!["lo".to_string(), "net1".to_string()]
+            );
+            call(&topo, 0, "DEL", &conf, &format!("{cid}-retry"), &pod, &args).expect_ok();
+            topo.delete_netns(&pod.netns);
+        } else {
+            let ip = address(&add.run());
+            if let Some(old) = bound.insert(name.clone(), ip.clone()) {
+                assert_eq!(old, ip, "{name} lost its sticky binding");
+            }
+            let del = add.clone().command("DEL");
+            killed += usize::from(run_and_kill(&del, delay));
+            // kubelet retries DEL until it succeeds.
+            del.run().expect_ok();
+            assert_eq!(
+                links_in(&pod.netns),
+                vec!["lo".to_string()],
+                "DEL left a link"
+            );
+            assert_eq!(holder_of(&store, NET, &format!("default/{name}")), None);
+            topo.delete_netns(&pod.netns);
+        }
+        let held = assert_invariants(&store, NET);
+        let distinct: BTreeSet<_> = held.values().collect();
+        assert_eq!(
+            distinct.len(),
+            held.len(),
+            "duplicate IP after trial {trial}"
+        );
+    }
+    eprintln!("crash trials: {trials}, killed mid-command: {killed}");
+    assert!(
+        killed > trials / 4,
+        "too few kills landed mid-command ({killed}): the delays miss the command"
+    );
+    assert_eq!(claims(&store, NET).len(), identities);
+}
+
+/// The standalone sticky-ipam behind the reference macvlan: same sticky
+/// behaviour, takeover after the holder's netns is gone.
+#[test]
+fn standalone_ipam_behind_reference_macvlan() {
+    let mut topo = Topology::new(2);
+    let store = topo.file("store");
+    let mut conf = configs::sticky("uplink0", &store, json!({"identityPolicy": "podName"}));
+    conf["type"] = json!(configs::REF_TYPE);
+    let cni_path = format!(
+        "{}:{}",
+        our_ipam()
+            .parent()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        sticky_e2e::REFERENCE_DIR
+    );
+    let run = |topo: &Topology, node: usize, cmd: &str, cid: &str, pod: &Pod, args: &str| {
+        CniCall::new(
+            &reference_plugin("macvlan"),
+            &topo.node(node).netns,
+            cmd,
+            conf.clone(),
+        )
+        .container(cid)
+        .netns(&pod.path)
+        .args(args)
+        .cni_path(&cni_path)
+        .run()
+    };
+    let a = topo.add_pod("a");
+    let ip = address(&run(&topo, 0, "ADD", "a", &a, &k8s("peer-0", "u1")));
+    run(&topo, 0, "DEL", "a", &a, &k8s("peer-0", "u1")).expect_ok();
+    let b = topo.add_pod("b");
+    let other = address(&run(&topo, 0, "ADD", "b", &b, &k8s("peer-1", "u2")));
+    assert_ne!(other, ip);
+    let a2 = topo.add_pod("a2");
+    assert_eq!(
+        address(&run(&topo, 0, "ADD", "a2", &a2, &k8s("peer-0", "u3"))),
+        ip
+    );
+    // Refused while a2's netns lives, taken over once it is gone.
+    let a3 = topo.add_pod("a3");
+    let refused = run(&topo, 1, "ADD", "a3", &a3, &k8s("peer-0", "u4"));
+    assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
+    assert!(
+        refused.msg().contains("sticky-ipam"),
+        "the delegate is named: {}",
+        refused.msg()
+    );
+    topo.crash_node(0, &[&a2]);
+    assert_eq!(
+        address(&run(&topo, 1, "ADD", "a3", &a3, &k8s("peer-0", "u4"))),
+        ip
+    );
+    assert!(topo.ping_eventually(&a3.netns, &format!("{SUBNET_PREFIX}.1"), 3));
+    assert_invariants(&store, NET);
+    let _ = target_dir();
+}
+
+/// CNI 1.1 GC releases holders that are not among the valid attachments,
+/// CHECK verifies the claim, STATUS answers.
+#[test]
+fn gc_check_and_status() {
+    let mut topo = Topology::new(1);
+    let store = topo.file("store");
+    let mut conf = configs::sticky("uplink0", &store, json!({}));
+    conf["cniVersion"] = json!("1.1.0");
+    let keep = topo.add_pod("keep");
+    let gone = topo.add_pod("gone");
+    let kept = call(&topo, 0, "ADD", &conf, "keep", &keep, "");
+    call(&topo, 0, "ADD", &conf, "gone", &gone, "").expect_ok();
+    let mut check = conf.clone();
+    check["prevResult"] = kept.expect_ok().clone();
+    call(&topo, 0, "CHECK", &check, "keep", &keep, "").expect_ok();
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": "keep", "ifname": "net1"}]);
+    CniCall::new(&our_plugin(), &topo.node(0).netns, "GC", gc)
+        .netns("")
+        .run()
+        .expect_ok();
+    let left: Vec<String> = claims(&store, NET)
+        .iter()
+        .map(|c| c.identity.clone())
+        .collect();
+    assert_eq!(left, vec!["container:keep/net1".to_string()]);
+    let stale = call(&topo, 0, "CHECK", &check, "gone", &gone, "");
+    assert!(!stale.success);
+    CniCall::new(&our_plugin(), &topo.node(0).netns, "STATUS", conf)
+        .netns("")
+        .run()
+        .expect_ok();
+}
+
+fn cli(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(our_plugin())
+        .args(args)
+        .env_remove("CNI_COMMAND")
+        .output()
+        .expect("run cli");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// The operator CLI: import a live host-local directory, list, refuse to
+/// release a live holder, reconcile dead ones, release by identity.
+#[test]
+fn operator_cli_import_claims_release_reconcile() {
+    let mut topo = Topology::new(1);
+    let hl_dir = topo.file("host-local");
+    let reference = configs::macvlan(
+        configs::REF_TYPE,
+        "1.0.0",
+        "uplink0",
+        configs::host_local(&hl_dir),
+    );
+    let live = topo.add_pod("live");
+    let hl_ip = address(
+        &CniCall::new(
+            &reference_plugin("macvlan"),
+            &topo.node(0).netns,
+            "ADD",
+            reference,
+        )
+        .container("hl-live")
+        .netns(&live.path)
+        .run(),
+    );
+    let store = topo.file("store");
+    let dir = store.to_string_lossy().to_string();
+    let from = hl_dir.join(NET);
+    let (ok, out, err) = cli(&[
+        "import-host-local",
+        "--dir",
+        &dir,
+        "--network",
+        NET,
+        "--from",
+        &from.to_string_lossy(),
+    ]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("imported 1"), "{out}");
+
+    // The node switches to sticky-ipam: no conflict with the imported IP.
+    let conf = configs::sticky("uplink0", &store, json!({"identityPolicy": "podName"}));
+    let pod = topo.add_pod("new");
+    let ip = address(&call(
+        &topo,
+        0,
+        "ADD",
+        &conf,
+        "new",
+        &pod,
+        &k8s("db-0", "u1"),
+    ));
+    assert_ne!(ip, hl_ip);
+    let (ok, table, _) = cli(&["claims", "--dir", &dir]);
+    assert!(ok);
+    assert!(table.starts_with("NETWORK  IP"), "{table}");
+    assert!(
+        table.contains("default/db-0") && table.contains(&hl_ip) && table.contains("held"),
+        "{table}"
+    );
+
+    // A live holder is not released without --force.
+    let (ok, _, err) = cli(&[
+        "release",
+        "--dir",
+        &dir,
+        "--network",
+        NET,
+        "--identity",
+        "default/db-0",
+    ]);
+    assert!(!ok && err.contains("considered alive"), "{err}");
+    // Its pod dies without DEL: reconcile releases the holder, keeps the IP reserved.
+    topo.delete_netns(&pod.netns);
+    let (ok, out, _) = cli(&["reconcile", "--dir", &dir]);
+    assert!(ok && out.contains("1 dead holders released"), "{out}");
+    let (_, table, _) = cli(&["claims", "--dir", &dir, "--network", NET]);
+    assert!(table.contains("reserved"), "{table}");
+    let (ok, out, _) = cli(&[
+        "release",
+        "--dir",
+        &dir,
+        "--network",
+        NET,
+        "--identity",
+        "default/db-0",
+    ]);
+    assert!(ok && out.contains(&ip), "{out}");
+    // The imported container's DEL (as kubelet would send it) releases it.
+    let mut del = conf.clone();
+    del["ipam"]["identityPolicy"] = json!("dynamic");
+    call(&topo, 0, "DEL", &del, "hl-live", &live, "").expect_ok();
+    assert!(claims(&store, NET).is_empty());
+    let (ok, _, err) = cli(&["release", "--dir", &dir]);
+    assert!(!ok && err.contains("--network"), "{err}");
+    let (ok, _, err) = cli(&["claims", "--bogus"]);
+    assert!(!ok && err.contains("--bogus"), "{err}");
+}
+
+/// Invalid sticky-ipam configs fail before anything is created.
+#[test]
+fn invalid_ipam_config_leaves_nothing() {
+    let mut topo = Topology::new(1);
+    let store = topo.file("store");
+    let pod = topo.add_pod("p");
+    for (extra, want) in [
+        (json!({"rangeStart": "10.213.1.5"}), "rangeStart"),
+        (json!({"gateway": "10.9.9.9"}), "gateway"),
+        (json!({"reservations": {"a": "10.99.0.1"}}), "reservations"),
+    ] {
+        let conf = configs::sticky("uplink0", &store, extra);
+        let reply = call(&topo, 0, "ADD", &conf, "c", &pod, "");
+        assert_eq!(reply.code(), Some(7), "{}", reply.stdout);
+        assert!(reply.msg().contains(want), "{}", reply.msg());
+        assert_eq!(links_in(&pod.netns), vec!["lo".to_string()]);
+    }
+    let mut conf = configs::sticky("uplink0", &store, json!({}));
+    conf["args"] = json!({"cni": {"identity": "x".repeat(10_000)}});
+    let reply = call(&topo, 0, "ADD", &conf, "c", &pod, "");
+    assert_eq!(reply.code(), Some(7));
+    assert!(reply.msg().contains("args.cni.identity"));
+    assert_eq!(links_in(&pod.netns), vec!["lo".to_string()]);
+    assert!(!store.join(NET).join("claims").exists() || snapshot(&store).is_empty());
+}

@@ -1,0 +1,489 @@
+//! The operator CLI, shared by `sticky-ipam` and `sticky-macvlan` (their
+//! binaries without CNI_COMMAND): claims, release, reconcile,
+//! import-host-local. Output goes to stdout, errors to stderr with a
+//! non-zero exit.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use cni::{CniError, CniResult};
+
+use crate::claim::{now_secs, Claim, Holder};
+use crate::config::DEFAULT_STORE_DIR;
+use crate::engine::{plan_reconcile, Inspector};
+use crate::identity::dynamic_key;
+use crate::liveness::Verdict;
+use crate::store::file::FileStore;
+use crate::store::{Change, ClaimStore, Plan};
+use crate::system::{node_facts, LocalInspector};
+
+pub const COMMANDS_HELP: &str = "\
+Claim commands (the store is the sticky-ipam file store):
+  claims              list claims: network, IP, identity, sticky, holder, node, state, age
+  release             remove a claim: --ip IP or --identity ID (with --network);
+                      refuses while its holder is alive unless --force;
+                      --file NAME removes a damaged record reported by `claims`
+  reconcile           release every holder confirmed dead, once or every
+                      --interval SECONDS, printing a summary line per sweep
+  import-host-local   adopt a host-local directory (--from DIR/NETWORK) into
+                      --network, so a live node switches without IP conflicts
+
+Options:
+  --dir DIR           store directory (default /var/lib/cni/sticky-ipam;
+                      the ipam section's dataDir or store.dir)
+  --network NAME      only this network (required by release and import)
+  --node NAME         this node's name for liveness (default: the hostname)
+  --json              claims: print JSON instead of a table
+";
+
+struct Opts {
+    dir: PathBuf,
+    network: Option<String>,
+    node: Option<String>,
+    values: BTreeMap<String, String>,
+    flags: Vec<String>,
+}
+
+const VALUE_OPTS: [&str; 8] = [
+    "--dir",
+    "--network",
+    "--node",
+    "--ip",
+    "--identity",
+    "--from",
+    "--interval",
+    "--file",
+];
+const FLAG_OPTS: [&str; 2] = ["--force", "--json"];
+
+fn parse_opts(args: &[String]) -> Result<Opts, String> {
+    let mut values = BTreeMap::new();
+    let mut flags = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if VALUE_OPTS.contains(&a.as_str()) {
+            let v = it
+                .next()
+                .ok_or_else(|| format!("option {a} needs a value"))?;
+            values.insert(a.clone(), v.clone());
+        } else if FLAG_OPTS.contains(&a.as_str()) {
+            flags.push(a.clone());
+        } else {
+            return Err(format!("unknown argument {a:?}"));
+        }
+    }
+    Ok(Opts {
+        dir: values
+            .remove("--dir")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STORE_DIR)),
+        network: values.remove("--network"),
+        node: values.remove("--node"),
+        values,
+        flags,
+    })
+}
+
+impl Opts {
+    fn flag(&self, f: &str) -> bool {
+        self.flags.iter().any(|x| x == f)
+    }
+
+    fn networks(&self) -> CniResult<Vec<String>> {
+        match &self.network {
+            Some(n) => Ok(vec![n.clone()]),
+            None => FileStore::networks(&self.dir),
+        }
+    }
+
+    fn network(&self, command: &str) -> Result<String, CniError> {
+        self.network
+            .clone()
+            .ok_or_else(|| CniError::invalid_config(format!("{command} needs --network NAME")))
+    }
+
+    fn inspector(&self) -> LocalInspector {
+        LocalInspector {
+            node: node_facts(self.node.as_deref()),
+        }
+    }
+}
+
+/// Runs a CLI command; `None` when `command` is not one of ours.
+pub fn run(program: &str, command: &str, args: &[String]) -> Option<ExitCode> {
+    let known = ["claims", "release", "reconcile", "import-host-local"];
+    if !known.contains(&command) {
+        return None;
+    }
+    let opts = match parse_opts(args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{program} {command}: {e}; run `{program} --help`");
+            return Some(ExitCode::from(2));
+        }
+    };
+    let result = match command {
+        "claims" => claims(&opts),
+        "release" => release(&opts),
+        "reconcile" => reconcile(&opts),
+        _ => import_host_local(&opts),
+    };
+    Some(match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{program} {command}: {}", e.msg);
+            ExitCode::from(1)
+        }
+    })
+}
+
+/// The `sticky-ipam` binary's whole CLI.
+pub fn main(program: &str, args: &[String]) -> ExitCode {
+    let command = args.first().map(String::as_str).unwrap_or("help");
+    if matches!(command, "help" | "--help" | "-h") {
+        println!(
+            "{program} {}: sticky, identity-keyed IPAM for CNI\n\nAs a CNI IPAM plugin it is run with CNI_COMMAND set and the network config on stdin.\n\nUsage: {program} <command> [options]\n\n{COMMANDS_HELP}",
+            env!("CARGO_PKG_VERSION")
+        );
+        return ExitCode::SUCCESS;
+    }
+    if matches!(command, "version" | "--version" | "-V") {
+        println!("{program} {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
+    run(program, command, &args[1..]).unwrap_or_else(|| {
+        eprintln!("{program}: unknown command {command:?}; run `{program} --help`");
+        ExitCode::from(2)
+    })
+}
+
+fn age(since: u64, now: u64) -> String {
+    let s = now.saturating_sub(since);
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        7200..=172_799 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+fn state(claim: &Claim, inspector: &dyn Inspector) -> String {
+    match &claim.holder {
+        None if claim.sticky => "reserved".into(),
+        None => "free".into(),
+        Some(h) => match inspector.verdict(h, None) {
+            Verdict::Alive(_) => "held".into(),
+            Verdict::Dead(why) => format!("dead ({why})"),
+        },
+    }
+}
+
+fn claims(opts: &Opts) -> CniResult<()> {
+    let inspector = opts.inspector();
+    let now = now_secs();
+    let mut rows = vec![[
+        "NETWORK",
+        "IP",
+        "IDENTITY",
+        "STICKY",
+        "POD",
+        "CONTAINER",
+        "NODE",
+        "STATE",
+        "AGE",
+    ]
+    .map(String::from)];
+    let mut json = Vec::new();
+    for network in opts.networks()? {
+        let mut store = FileStore::open(&opts.dir, &network)?;
+        let listing = store.list()?;
+        for c in &listing.claims {
+            let h = c.holder.as_ref();
+            let st = state(c, &inspector);
+            json.push(serde_json::json!({"network": network, "claim": c, "state": st}));
+            rows.push([
+                network.clone(),
+                c.ip.to_string(),
+                c.identity.clone(),
+                if c.sticky { "yes" } else { "no" }.into(),
+                h.and_then(Holder::pod).unwrap_or_else(|| "-".into()),
+                h.map(|h| {
+                    let short: String = h.container_id.chars().take(12).collect();
+                    format!("{short}/{}", h.ifname)
+                })
+                .unwrap_or_else(|| "-".into()),
+                h.map(|h| h.node.clone()).unwrap_or_else(|| "-".into()),
+                st,
+                age(c.updated, now),
+            ]);
+        }
+        for d in &listing.damaged {
+            let name = d
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default();
+            json.push(serde_json::json!({"network": network, "damaged": d.path, "why": d.why}));
+            rows.push([
+                network.clone(),
+                name,
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                format!("damaged: {}", d.why),
+                "-".into(),
+            ]);
+        }
+    }
+    if opts.flag("--json") {
+        println!("{}", serde_json::Value::Array(json));
+        return Ok(());
+    }
+    let widths: Vec<usize> = (0..9)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in &rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+    Ok(())
+}
+
+fn release(opts: &Opts) -> CniResult<()> {
+    let network = opts.network("release")?;
+    let mut store = FileStore::open(&opts.dir, &network)?;
+    if let Some(name) = opts.values.get("--file") {
+        store.remove_claim_file(name)?;
+        store.rebuild_indexes()?;
+        println!("removed record {name} of network {network} and rebuilt its indexes");
+        return Ok(());
+    }
+    let targets: Vec<Claim> = match (opts.values.get("--ip"), opts.values.get("--identity")) {
+        (Some(ip), None) => {
+            let ip: IpAddr = ip.parse().map_err(|_| {
+                CniError::invalid_config(format!("--ip {ip:?} is not an IP address"))
+            })?;
+            store.claim(ip)?.into_iter().collect()
+        }
+        (None, Some(id)) => store.claims_of_identity(id)?,
+        _ => {
+            return Err(CniError::invalid_config(
+                "release needs exactly one of --ip IP, --identity ID or --file NAME",
+            ))
+        }
+    };
+    if targets.is_empty() {
+        println!("nothing to release on network {network}");
+        return Ok(());
+    }
+    let inspector = opts.inspector();
+    if !opts.flag("--force") {
+        for c in &targets {
+            if let Some(h) = &c.holder {
+                if let Verdict::Alive(why) = inspector.verdict(h, None) {
+                    return Err(CniError::new(
+                        cni::code::TRY_AGAIN_LATER,
+                        format!(
+                            "{} is held by {}, which is considered alive ({why}): stop it first, or pass --force if you know it is gone",
+                            c.ip,
+                            h.describe()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    let plan = Plan {
+        changes: targets
+            .iter()
+            .map(|c| Change {
+                before: Some(c.clone()),
+                after: None,
+            })
+            .collect(),
+        cursors: vec![],
+    };
+    store.commit(&plan)?;
+    for c in &targets {
+        println!(
+            "released {} (identity {:?}) on network {network}",
+            c.ip, c.identity
+        );
+    }
+    Ok(())
+}
+
+fn reconcile(opts: &Opts) -> CniResult<()> {
+    let interval = match opts.values.get("--interval") {
+        None => None,
+        Some(s) => match s.parse::<u64>() {
+            Ok(n) if n > 0 => Some(Duration::from_secs(n)),
+            _ => {
+                return Err(CniError::invalid_config(format!(
+                    "--interval {s:?} must be a whole number of seconds, at least 1"
+                )))
+            }
+        },
+    };
+    let inspector = opts.inspector();
+    loop {
+        let mut released = 0;
+        let mut alive = 0;
+        let networks = opts.networks()?;
+        for network in &networks {
+            let mut store = FileStore::open(&opts.dir, network)?;
+            let (plan, gone, live) = plan_reconcile(&mut store, &inspector, now_secs())?;
+            if !plan.is_empty() {
+                store.commit(&plan)?;
+            }
+            for r in &gone {
+                println!(
+                    "{network}: released {} of identity {:?}: {}",
+                    r.ip, r.identity, r.why
+                );
+            }
+            released += gone.len();
+            alive += live;
+        }
+        println!(
+            "reconcile: {} networks, {released} dead holders released, {alive} live holders kept",
+            networks.len()
+        );
+        match interval {
+            None => return Ok(()),
+            Some(d) => std::thread::sleep(d),
+        }
+    }
+}
+
+/// host-local's record: "containerID\r\nifname" (older: "containerID").
+fn parse_host_local(content: &str) -> Option<(String, String)> {
+    let mut lines = content.split(['\r', '\n']).filter(|l| !l.is_empty());
+    let container = lines.next()?.trim().to_string();
+    let ifname = lines.next().unwrap_or("eth0").trim().to_string();
+    (!container.is_empty()).then_some((container, ifname))
+}
+
+fn import_host_local(opts: &Opts) -> CniResult<()> {
+    let network = opts.network("import-host-local")?;
+    let from = opts.values.get("--from").map(PathBuf::from).ok_or_else(|| {
+        CniError::invalid_config(
+            "import-host-local needs --from DIR/NETWORK (host-local's dataDir and network, e.g. /var/lib/cni/networks/fabric)",
+        )
+    })?;
+    let entries = std::fs::read_dir(&from)
+        .map_err(|e| CniError::io(format!("cannot read {}: {e}", from.display())))?;
+    let node = node_facts(opts.node.as_deref());
+    let now = now_secs();
+    let mut store = FileStore::open(&opts.dir, &network)?;
+    let mut plan = Plan::default();
+    let mut skipped = Vec::new();
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if let Some(set) = name.strip_prefix("last_reserved_ip.") {
+            let cursor = std::fs::read_to_string(entry.path()).ok();
+            if let (Ok(set), Some(Ok(ip))) = (
+                set.parse::<usize>(),
+                cursor.map(|c| c.trim().parse::<IpAddr>()),
+            ) {
+                plan.cursors.push((set, ip));
+            }
+            continue;
+        }
+        let Ok(ip) = name.parse::<IpAddr>() else {
+            continue;
+        };
+        let content = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let Some((container_id, ifname)) = parse_host_local(&content) else {
+            skipped.push(format!("{ip}: unreadable host-local record"));
+            continue;
+        };
+        if let Some(existing) = store.claim(ip)? {
+            if !existing.held_by(&container_id, &ifname) {
+                skipped.push(format!(
+                    "{ip}: already claimed by identity {:?}",
+                    existing.identity
+                ));
+            }
+            continue;
+        }
+        plan.changes.push(Change {
+            before: None,
+            after: Some(Claim {
+                ip,
+                identity: dynamic_key(&container_id, &ifname),
+                sticky: false,
+                holder: Some(Holder {
+                    container_id,
+                    ifname,
+                    netns: String::new(),
+                    netns_id: None,
+                    pod_namespace: None,
+                    pod_name: None,
+                    pod_uid: None,
+                    node: node.node.clone(),
+                    boot_id: node.boot_id.clone(),
+                    since: now,
+                }),
+                created: now,
+                updated: now,
+            }),
+        });
+    }
+    plan.changes.sort_by_key(|c| c.ip());
+    store.commit(&plan)?;
+    println!(
+        "imported {} host-local allocations from {} into network {network}",
+        plan.changes.len(),
+        from.display()
+    );
+    for s in &skipped {
+        println!("skipped {s}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_local_records_both_formats() {
+        assert_eq!(
+            parse_host_local("abc\r\nnet1"),
+            Some(("abc".into(), "net1".into()))
+        );
+        assert_eq!(parse_host_local("abc"), Some(("abc".into(), "eth0".into())));
+        assert_eq!(parse_host_local(""), None);
+    }
+
+    #[test]
+    fn options_are_checked() {
+        let args: Vec<String> = ["--network", "n", "--json"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let o = parse_opts(&args).unwrap();
+        assert_eq!(o.network.as_deref(), Some("n"));
+        assert!(o.flag("--json"));
+        assert!(parse_opts(&["--bogus".to_string()]).is_err());
+        assert!(parse_opts(&["--ip".to_string()]).is_err());
+    }
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        assert_eq!(age(0, 5), "5s");
+        assert_eq!(age(0, 600), "10m");
+        assert_eq!(age(0, 7200), "2h");
+        assert_eq!(age(0, 3 * 86400), "3d");
+    }
+}

@@ -1,0 +1,65 @@
+//! What the liveness rules need from this machine: who the node is, which
+//! boot this is, and whether a holder's netns is still the one it recorded.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use crate::claim::Holder;
+use crate::engine::Inspector;
+use crate::liveness::{is_local, judge, Caller, NetnsState, NodeFacts, Verdict};
+
+fn read_trimmed(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// The node name (`nodeName` from the config, else the hostname) and boot id.
+pub fn node_facts(node_name: Option<&str>) -> NodeFacts {
+    NodeFacts {
+        node: node_name
+            .map(str::to_string)
+            .or_else(|| read_trimmed("/proc/sys/kernel/hostname"))
+            .unwrap_or_else(|| "localhost".into()),
+        boot_id: read_trimmed("/proc/sys/kernel/random/boot_id").unwrap_or_default(),
+    }
+}
+
+/// "dev:inode" of a netns path: the identity of the namespace behind it.
+pub fn netns_id(path: &str) -> Option<String> {
+    if path.is_empty() {
+        return None;
+    }
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| format!("{}:{}", m.dev(), m.ino()))
+}
+
+pub fn netns_state(holder: &Holder) -> NetnsState {
+    match std::fs::metadata(Path::new(&holder.netns)) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => NetnsState::Gone,
+        // Unreadable: we cannot prove it dead, so it counts as present.
+        Err(_) => NetnsState::Present,
+        Ok(m) => match &holder.netns_id {
+            Some(id) if *id != format!("{}:{}", m.dev(), m.ino()) => NetnsState::Replaced,
+            _ => NetnsState::Present,
+        },
+    }
+}
+
+/// Liveness from this node's own evidence (no Kubernetes API).
+pub struct LocalInspector {
+    pub node: NodeFacts,
+}
+
+impl Inspector for LocalInspector {
+    fn verdict(&self, holder: &Holder, caller: Option<&Caller>) -> Verdict {
+        let netns = if is_local(holder, &self.node) {
+            netns_state(holder)
+        } else {
+            NetnsState::Unknown
+        };
+        judge(holder, caller, &self.node, netns)
+    }
+}
