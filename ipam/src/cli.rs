@@ -440,7 +440,9 @@ fn import_host_local(opts: &Opts) -> CniResult<()> {
         });
     }
     plan.changes.sort_by_key(|c| c.ip());
+    store.set_durable(false);
     store.commit(&plan)?;
+    store.sync()?;
     println!(
         "imported {} host-local allocations from {} into network {network}",
         plan.changes.len(),

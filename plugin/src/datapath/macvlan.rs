@@ -245,11 +245,10 @@ pub fn configure_l3(
 ) -> CniResult<()> {
     let ifname = &link.name;
     // Let the kernel announce the address (gratuitous ARP / unsolicited NA)
-    // when it comes up, so peers' caches move to the new MAC at once.
+    // when the link comes up, so peers' caches move to the new MAC at once
+    // (what makes a takeover reachable without waiting out ARP timeouts).
     best_effort_sysctl(nl, &format!("net/ipv4/conf/{ifname}/arp_notify"), "1");
     best_effort_sysctl(nl, &format!("net/ipv6/conf/{ifname}/ndisc_notify"), "1");
-
-    nl.set_link_up(Ns::Pod, link.index).map_err(datapath)?;
 
     if ips.iter().any(|i| i.address.addr().is_ipv6()) {
         for dev in ["lo", ifname.as_str()] {
@@ -275,6 +274,10 @@ pub fn configure_l3(
                 ))
             })?;
     }
+
+    // Up only once the addresses are on: arp_notify announces the addresses
+    // present at NETDEV_UP, not ones added later.
+    nl.set_link_up(Ns::Pod, link.index).map_err(datapath)?;
 
     let (v4gw, v6gw) = fallback_gateways(ips);
     if v6gw.is_some() {
