@@ -1,35 +1,68 @@
 #!/usr/bin/env bash
-# The demo: a fabric switch, a router and a node in network namespaces this
-# script creates; a pod gets a macvlan from sticky-macvlan (host-local IPAM
-# delegated), pings the router, and is torn down. Everything is removed at
-# exit. Needs root.
+# The demo: the product's main job on the embedded file store, in network
+# namespaces this script creates (a fabric switch, a router, two nodes):
+# a BGP speaker's identity gets its one IP on node1; node1 crashes (its netns
+# is deleted, no DEL ever runs); the same identity comes up on node2 and gets
+# the same IP at once, and the router reaches it. The same crash with the
+# reference host-local IPAM is shown stuck. Everything is removed at exit.
+# Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "demo: run as root (it creates network namespaces)" >&2; exit 1; }
-[ -x /usr/lib/cni/host-local ] || { apt-get update -qq; apt-get install -y -qq containernetworking-plugins iproute2 iputils-ping >/dev/null; }
+command -v ping >/dev/null && [ -x /usr/lib/cni/host-local ] || {
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq containernetworking-plugins iproute2 iputils-ping >/dev/null
+}
 cargo build --release -q -p sticky-macvlan
 BIN="$PWD/target/release/sticky-macvlan"
 P="smvt-demo$$"
 STATE=$(mktemp -d)
-cleanup() { for n in pod node router fabric; do ip netns del "$P-$n" 2>/dev/null || true; done; rm -rf "$STATE"; }
+NS=(fabric router node1 node2 pod-old pod-new ref-old ref-new)
+cleanup() { for n in "${NS[@]}"; do ip netns del "$P-$n" 2>/dev/null || true; done; rm -rf "$STATE"; }
 trap cleanup EXIT
-for n in fabric router node pod; do ip netns add "$P-$n"; ip -n "$P-$n" link set lo up; done
+for n in "${NS[@]}"; do ip netns add "$P-$n"; ip -n "$P-$n" link set lo up; done
 ip -n "$P-fabric" link add br0 type bridge && ip -n "$P-fabric" link set br0 up
-ip -n "$P-fabric" link add p1 type veth peer name eth0 netns "$P-router"
-ip -n "$P-fabric" link add p2 type veth peer name uplink0 netns "$P-node"
-for p in p1 p2; do ip -n "$P-fabric" link set $p master br0 up; done
-ip -n "$P-router" link set eth0 up && ip -n "$P-router" addr add 10.213.0.1/24 dev eth0
-ip -n "$P-node" link set uplink0 up
-CONF=$(cat <<JSON
-{"cniVersion":"1.0.0","name":"macnet","type":"sticky-macvlan","master":"uplink0",
- "ipam":{"type":"host-local","subnet":"10.213.0.0/24","rangeStart":"10.213.0.10","rangeEnd":"10.213.0.20",
-         "gateway":"10.213.0.1","routes":[{"dst":"0.0.0.0/0"}],"dataDir":"$STATE/ipam"}}
+i=0
+for n in router node1 node2; do
+    i=$((i + 1))
+    ip -n "$P-fabric" link add "p$i" type veth peer name uplink0 netns "$P-$n"
+    ip -n "$P-fabric" link set "p$i" master br0 up
+    ip -n "$P-$n" link set uplink0 up
+done
+ip -n "$P-router" addr add 172.31.59.1/24 dev uplink0
+
+conf() { # $1 ipam type, $2 plugin type
+cat <<JSON
+{"cniVersion":"1.0.0","name":"fabric","type":"$2","master":"uplink0",
+ "args":{"cni":{"identity":"bgp-peer-a"}},
+ "ipam":{"type":"$1","subnet":"172.31.59.0/24","rangeStart":"172.31.59.2","rangeEnd":"172.31.59.2",
+         "gateway":"172.31.59.1","dataDir":"$STATE/$1"}}
 JSON
-)
-cni() { CNI_COMMAND=$1 CNI_CONTAINERID=demo CNI_NETNS=/var/run/netns/$P-pod CNI_IFNAME=net1 CNI_PATH=/usr/lib/cni \
-        ip netns exec "$P-node" "$BIN" <<<"$CONF"; }
-echo "== ADD"; cni ADD
-echo "== pod netns"; ip -n "$P-pod" -br addr show net1; ip -n "$P-pod" route
-echo "== ping the router from the pod"; ip netns exec "$P-pod" ping -c 2 -W 2 10.213.0.1
-echo "== DEL (twice: idempotent)"; cni DEL; cni DEL; echo ok
-ip -n "$P-pod" link show net1 2>/dev/null && { echo "net1 still there"; exit 1; } || echo "net1 removed"
+}
+cni() { # $1 verb, $2 node, $3 pod, $4 ipam type, $5 plugin
+    CNI_COMMAND=$1 CNI_CONTAINERID="ctr-$3" CNI_NETNS="/var/run/netns/$P-$3" CNI_IFNAME=net1 CNI_PATH=/usr/lib/cni \
+    CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=bgp;K8S_POD_NAME=speaker-0;K8S_POD_UID=uid-$3" \
+        ip netns exec "$P-$2" "$5" <<<"$(conf "$4" "$(basename "$5")")"
+}
+
+echo "== sticky-macvlan + sticky-ipam: identity bgp-peer-a, whose only IP is 172.31.59.2"
+echo "-- ADD on node1"; cni ADD node1 pod-old sticky-ipam "$BIN"
+echo "-- the router pings it"; ip netns exec "$P-router" ping -c 1 -W 2 172.31.59.2 | grep 'bytes from'
+echo "-- a second speaker while the first is alive is refused (code 11):"
+cni ADD node2 pod-new sticky-ipam "$BIN" || true
+echo "-- node1 crashes: its netns and its pod's go, no DEL"
+ip netns del "$P-node1"; ip netns del "$P-pod-old"
+echo "-- ADD on node2 for the same identity"; cni ADD node2 pod-new sticky-ipam "$BIN"
+echo "-- the router pings it again"; ip netns exec "$P-router" ping -c 1 -W 2 172.31.59.2 | grep 'bytes from'
+echo "-- the claims"; "$BIN" claims --dir "$STATE/sticky-ipam"
+echo "-- DEL (twice: idempotent)"; cni DEL node2 pod-new sticky-ipam "$BIN"; cni DEL node2 pod-new sticky-ipam "$BIN"; echo ok
+
+echo
+echo "== the same crash with the reference macvlan + host-local"
+ip netns add "$P-node1"; ip netns add "$P-pod-old"
+ip -n "$P-fabric" link add p9 type veth peer name uplink0 netns "$P-node1"
+ip -n "$P-fabric" link set p9 master br0 up; ip -n "$P-node1" link set uplink0 up
+cni ADD node1 ref-old host-local /usr/lib/cni/macvlan >/dev/null && echo "-- ADD on node1: ok"
+ip netns del "$P-node1"; ip netns del "$P-ref-old"
+echo "-- after the crash, ADD on node2:"
+cni ADD node2 ref-new host-local /usr/lib/cni/macvlan || echo "(stuck until a human deletes $STATE/host-local/fabric/172.31.59.2)"
