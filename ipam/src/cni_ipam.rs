@@ -36,6 +36,8 @@ pub struct StickyIpam {
     conf: IpamConfig,
     at: Attachment,
     inspector: LocalInspector,
+    /// The ADD request, resolved early by `prepare_add`.
+    prepared: Option<AddRequest>,
     /// What the last ADD committed, for `undo_add`.
     committed: Option<Plan>,
 }
@@ -87,6 +89,7 @@ impl StickyIpam {
             conf,
             at,
             inspector,
+            prepared: None,
             committed: None,
         })
     }
@@ -148,8 +151,21 @@ impl StickyIpam {
         }
     }
 
+    /// Resolves and validates the ADD (identity, requested addresses)
+    /// without touching the store, so a bad identity fails before the
+    /// plugin creates anything.
+    pub fn prepare_add(&mut self) -> CniResult<()> {
+        if self.prepared.is_none() {
+            self.prepared = Some(self.request()?);
+        }
+        Ok(())
+    }
+
     pub fn add(&mut self) -> CniResult<CniOutput> {
-        let req = self.request()?;
+        let req = match self.prepared.take() {
+            Some(req) => req,
+            None => self.request()?,
+        };
         let mut store = self.open()?;
         let (plan, grants) = plan_add(&self.conf, &mut store, &self.inspector, &req)?;
         if !plan.is_empty() {

@@ -126,6 +126,10 @@ pub fn add(
         Some(v) => Some(CniOutput::from_json(v, conf.cni_version, "prevResult")?),
         None => None,
     };
+    let mut ipam = ipam;
+    if let Some(ipam) = ipam.as_deref_mut() {
+        ipam.prepare_add()?;
+    }
     let master =
         macvlan::resolve_master(nl, conf.master.as_deref(), conf.link_in_container, conf.mtu)?;
     let spec = LinkSpec {
@@ -346,6 +350,7 @@ mod tests {
 
     #[derive(Default)]
     struct FakeIpam {
+        fail_prepare: bool,
         fail_add: bool,
         adds: usize,
         dels: usize,
@@ -353,6 +358,12 @@ mod tests {
     }
 
     impl Ipam for FakeIpam {
+        fn prepare_add(&mut self) -> CniResult<()> {
+            if self.fail_prepare {
+                return Err(CniError::invalid_config("args.cni.identity is empty"));
+            }
+            Ok(())
+        }
         fn add(&mut self) -> CniResult<CniOutput> {
             self.adds += 1;
             if self.fail_add {
@@ -432,6 +443,19 @@ mod tests {
             ipam.dels, 0,
             "nothing was allocated, so nothing is released"
         );
+    }
+
+    #[test]
+    fn an_invalid_ipam_request_fails_before_the_link_exists() {
+        let mut nl = nl();
+        let mut ipam = FakeIpam {
+            fail_prepare: true,
+            ..FakeIpam::default()
+        };
+        let e = add(&env(), &conf("1.0.0", json!({})), &mut nl, Some(&mut ipam)).unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(!nl.calls.iter().any(|c| c.starts_with("create_macvlan")));
+        assert_eq!(ipam.adds, 0);
     }
 
     #[test]

@@ -17,6 +17,10 @@ use crate::cni::{code, CniEnv, CniError, CniOutput, CniResult, CniVersion, Comma
 use crate::config::NetConf;
 
 pub trait Ipam {
+    /// Checks what ADD will ask for before the plugin creates anything.
+    fn prepare_add(&mut self) -> CniResult<()> {
+        Ok(())
+    }
     fn add(&mut self) -> CniResult<CniOutput>;
     /// Undoes this process's `add` after a later step of ADD failed. A
     /// delegate only knows DEL; the in-process IPAM restores exactly.
@@ -64,6 +68,9 @@ pub fn for_section(
 }
 
 impl Ipam for StickyIpam {
+    fn prepare_add(&mut self) -> CniResult<()> {
+        StickyIpam::prepare_add(self)
+    }
     fn add(&mut self) -> CniResult<CniOutput> {
         StickyIpam::add(self)
     }
