@@ -5,9 +5,37 @@
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
-use crate::env::Command;
+use crate::conf::sniff_version;
+use crate::env::{CniEnv, Command};
 use crate::error::{code, CniError, CniResult};
 use crate::version::CniVersion;
+
+/// What a plugin process starts from: its environment (or why it is
+/// unusable), the config bytes, and the version to answer errors in.
+pub struct Invocation {
+    pub env: CniResult<CniEnv>,
+    pub stdin: Vec<u8>,
+    pub version: CniVersion,
+}
+
+impl Invocation {
+    /// Reads the CNI_* variables and, unless the verb is VERSION, stdin.
+    pub fn read() -> Result<Invocation, CniError> {
+        let env = CniEnv::from_lookup(|k| std::env::var(k).ok());
+        let wants_stdin = !matches!(env.as_ref().map(|e| e.command), Ok(Command::Version));
+        let stdin = if wants_stdin {
+            read_stdin()?
+        } else {
+            Vec::new()
+        };
+        let version = sniff_version(&stdin).unwrap_or(CniVersion::LATEST);
+        Ok(Invocation {
+            env,
+            stdin,
+            version,
+        })
+    }
+}
 
 pub fn read_stdin() -> CniResult<Vec<u8>> {
     let mut stdin = Vec::new();

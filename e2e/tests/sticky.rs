@@ -562,6 +562,11 @@ fn kill_9_during_add_and_del_loses_nothing() {
         );
     }
     eprintln!("crash trials: {trials}, killed mid-command: {killed}");
+    // Macvlans are born in pod netns, so a crash never leaks one on the node.
+    assert_eq!(
+        links_in(&node),
+        vec!["lo".to_string(), "uplink0".to_string()]
+    );
     assert!(
         killed > trials / 4,
         "too few kills landed mid-command ({killed}): the delays miss the command"

@@ -5,7 +5,8 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use cni::{CniArgs, CniError, CniOutput, CniResult, IpConfig};
+use cni::conf::CommonConf;
+use cni::{CniArgs, CniEnv, CniError, CniOutput, CniResult, IpConfig};
 use ipnet::IpNet;
 use serde_json::{Map, Value};
 
@@ -40,6 +41,19 @@ pub struct StickyIpam {
     prepared: Option<AddRequest>,
     /// What the last ADD committed, for `undo_add`.
     committed: Option<Plan>,
+}
+
+impl Attachment {
+    pub fn new(env: &CniEnv, conf: &CommonConf) -> Attachment {
+        Attachment {
+            container_id: env.container_id.clone(),
+            ifname: env.ifname.clone(),
+            netns: env.netns.clone(),
+            args: env.args.clone(),
+            args_cni: conf.args_cni.clone(),
+            runtime_ips: conf.runtime_ips.clone(),
+        }
+    }
 }
 
 fn requested_ips(at: &Attachment, args: &CniArgs) -> CniResult<Vec<IpAddr>> {

@@ -29,14 +29,14 @@ pub fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Output> {
     let conf = NetConf::parse(stdin)?;
     log::init(
         "sticky-macvlan",
-        conf.log_file.as_deref(),
-        conf.log_level,
+        conf.common.log_file.as_deref(),
+        conf.common.log_level,
         format!(
             "net={} container={} ifname={} ",
-            conf.name, env.container_id, env.ifname
+            conf.common.name, env.container_id, env.ifname
         ),
     );
-    let mut ipam = match &conf.ipam {
+    let mut ipam = match &conf.common.ipam {
         None => None,
         Some(section) => Some(crate::ipam::for_section(section, env, &conf, stdin)?),
     };
@@ -48,17 +48,17 @@ pub fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Output> {
         }
         Command::Del => del_with_netns(env, ipam_dyn).map(|()| None),
         Command::Check => {
-            require_verb(Command::Check, conf.cni_version)?;
+            require_verb(Command::Check, conf.common.cni_version)?;
             let mut nl = connect(Some(&env.netns))?;
             check(env, &conf, &mut nl, ipam_dyn).map(|()| None)
         }
         Command::Status => {
-            require_verb(Command::Status, conf.cni_version)?;
+            require_verb(Command::Status, conf.common.cni_version)?;
             let mut nl = connect(None)?;
             status(&conf, &mut nl, ipam_dyn).map(|()| None)
         }
         Command::Gc => {
-            require_verb(Command::Gc, conf.cni_version)?;
+            require_verb(Command::Gc, conf.common.cni_version)?;
             gc(stdin, ipam_dyn).map(|()| None)
         }
         // Answered above, before the config is read.
@@ -98,7 +98,7 @@ fn connect(netns: Option<&str>) -> CniResult<RtnlClient> {
 /// Config `mac` < `CNI_ARGS` `MAC` < `runtimeConfig.mac`, as the reference.
 pub fn resolve_mac(conf: &NetConf, args: &CniArgs) -> CniResult<Option<Mac>> {
     let chosen = [
-        (conf.runtime_mac.as_deref(), "runtimeConfig.mac"),
+        (conf.common.runtime_mac.as_deref(), "runtimeConfig.mac"),
         (args.mac.as_deref(), "CNI_ARGS MAC"),
         (conf.mac.as_deref(), "\"mac\" in the config"),
     ]
@@ -122,8 +122,12 @@ pub fn add(
 ) -> CniResult<Value> {
     let args = CniArgs::parse(&env.args)?;
     let mac = resolve_mac(conf, &args)?;
-    let prev = match &conf.prev_result {
-        Some(v) => Some(CniOutput::from_json(v, conf.cni_version, "prevResult")?),
+    let prev = match &conf.common.prev_result {
+        Some(v) => Some(CniOutput::from_json(
+            v,
+            conf.common.cni_version,
+            "prevResult",
+        )?),
         None => None,
     };
     let mut ipam = ipam;
@@ -180,10 +184,10 @@ fn finish_l2(
 ) -> CniResult<Value> {
     macvlan::configure_l2(nl, link)?;
     let (mut out, _) = merge_interface(prev, our_interface(env, link));
-    if !conf.dns.is_empty() {
-        out.dns = conf.dns.clone();
+    if !conf.common.dns.is_empty() {
+        out.dns = conf.common.dns.clone();
     }
-    out.to_json(conf.cni_version)
+    out.to_json(conf.common.cni_version)
 }
 
 fn finish_l3(
@@ -203,16 +207,16 @@ fn finish_l3(
     // carry must fail before the pod is wired, not after.
     let mut probe = out.clone();
     probe.ips.extend(ips.iter().cloned());
-    probe.to_json(conf.cni_version)?;
+    probe.to_json(conf.common.cni_version)?;
 
     macvlan::configure_l3(nl, link, &ips, &allocated.routes)?;
     out.ips.extend(ips);
     out.routes.extend(allocated.routes);
     // The config's dns, not the IPAM's, as the reference macvlan does.
-    if !conf.dns.is_empty() {
-        out.dns = conf.dns.clone();
+    if !conf.common.dns.is_empty() {
+        out.dns = conf.common.dns.clone();
     }
-    out.to_json(conf.cni_version)
+    out.to_json(conf.common.cni_version)
 }
 
 fn del_with_netns(env: &CniEnv, ipam: Option<&mut dyn Ipam>) -> CniResult<()> {
@@ -256,10 +260,10 @@ pub fn check(
     nl: &mut dyn Netlink,
     ipam: Option<&mut dyn Ipam>,
 ) -> CniResult<()> {
-    let prev_raw = conf.prev_result.as_ref().ok_or_else(|| {
+    let prev_raw = conf.common.prev_result.as_ref().ok_or_else(|| {
         CniError::invalid_config("CHECK needs prevResult in the network config (the runtime passes the cached ADD result)")
     })?;
-    let prev = CniOutput::from_json(prev_raw, conf.cni_version, "prevResult")?;
+    let prev = CniOutput::from_json(prev_raw, conf.common.cni_version, "prevResult")?;
     if let Some(ipam) = ipam {
         ipam.check()?;
     }

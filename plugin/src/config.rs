@@ -3,15 +3,11 @@
 //! adds the macvlan ones. Unknown keys are accepted: CNI configs are shared
 //! between plugins in a chain.
 
-use std::path::PathBuf;
-
 use serde::Deserialize;
-use serde_json::{Map, Value};
 
 pub use crate::cni::conf::{sniff_version, IpamSection};
 use crate::cni::conf::{typed, CommonConf};
-use crate::cni::log::LogLevel;
-use crate::cni::{CniError, CniResult, CniVersion, Dns};
+use crate::cni::{CniError, CniResult};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MacvlanMode {
@@ -48,24 +44,14 @@ impl MacvlanMode {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct NetConf {
-    pub cni_version: CniVersion,
-    pub name: String,
-    pub plugin_type: String,
-    pub ipam: Option<IpamSection>,
-    pub dns: Dns,
-    /// `args.cni`, where Multus puts a selection element's `cni-args`.
-    pub args_cni: Map<String, Value>,
-    pub runtime_mac: Option<String>,
-    pub runtime_ips: Vec<String>,
-    pub prev_result: Option<Value>,
+    /// The keys every plugin reads (version, name, ipam, args, ...).
+    pub common: CommonConf,
     pub master: Option<String>,
     pub mode: MacvlanMode,
     pub mtu: u32,
     pub mac: Option<String>,
     pub link_in_container: bool,
     pub bc_queue_len: Option<u32>,
-    pub log_file: Option<PathBuf>,
-    pub log_level: LogLevel,
 }
 
 #[derive(Deserialize)]
@@ -92,23 +78,13 @@ impl NetConf {
             }
         };
         Ok(NetConf {
-            cni_version: common.cni_version,
-            name: common.name,
-            plugin_type: common.plugin_type,
-            ipam: common.ipam,
-            dns: common.dns,
-            args_cni: common.args_cni,
-            runtime_mac: common.runtime_mac,
-            runtime_ips: common.runtime_ips,
-            prev_result: common.prev_result,
+            common,
             master: raw.master.filter(|m| !m.is_empty()),
             mode: MacvlanMode::parse(raw.mode.as_deref().unwrap_or(""))?,
             mtu,
             mac: raw.mac.filter(|m| !m.is_empty()),
             link_in_container: raw.link_in_container.unwrap_or(false),
             bc_queue_len: raw.bcqueuelen,
-            log_file: common.log_file,
-            log_level: common.log_level,
         })
     }
 }
@@ -116,8 +92,9 @@ impl NetConf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cni::code;
+    use crate::cni::{code, CniVersion};
     use serde_json::json;
+    use serde_json::Value;
 
     fn parse(v: Value) -> CniResult<NetConf> {
         NetConf::parse(v.to_string().as_bytes())
@@ -136,9 +113,9 @@ mod tests {
     #[test]
     fn minimal_config_is_l2_bridge() {
         let c = parse(base()).unwrap();
-        assert_eq!(c.cni_version, CniVersion::V1_0_0);
+        assert_eq!(c.common.cni_version, CniVersion::V1_0_0);
         assert_eq!(c.mode, MacvlanMode::Bridge);
-        assert_eq!(c.ipam, None);
+        assert_eq!(c.common.ipam, None);
         assert_eq!(c.mtu, 0);
         assert!(!c.link_in_container);
     }
@@ -147,9 +124,12 @@ mod tests {
     fn missing_version_means_0_1_0() {
         let mut b = base();
         b.as_object_mut().unwrap().remove("cniVersion");
-        assert_eq!(parse(b).unwrap().cni_version, CniVersion::V0_1_0);
+        assert_eq!(parse(b).unwrap().common.cni_version, CniVersion::V0_1_0);
         assert_eq!(
-            parse(with("cniVersion", json!(""))).unwrap().cni_version,
+            parse(with("cniVersion", json!("")))
+                .unwrap()
+                .common
+                .cni_version,
             CniVersion::V0_1_0
         );
     }
@@ -230,13 +210,13 @@ mod tests {
 
     #[test]
     fn empty_ipam_is_l2_and_typed_ipam_is_kept_whole() {
-        assert_eq!(parse(with("ipam", json!({}))).unwrap().ipam, None);
+        assert_eq!(parse(with("ipam", json!({}))).unwrap().common.ipam, None);
         let c = parse(with(
             "ipam",
             json!({"type": "host-local", "subnet": "10.0.0.0/24"}),
         ))
         .unwrap();
-        let ipam = c.ipam.unwrap();
+        let ipam = c.common.ipam.unwrap();
         assert_eq!(ipam.plugin_type, "host-local");
         assert_eq!(ipam.raw["subnet"], "10.0.0.0/24");
     }
@@ -247,8 +227,8 @@ mod tests {
         b["runtimeConfig"] = json!({"mac": "02:00:00:00:00:09", "ips": ["10.0.0.9/24"]});
         b["args"] = json!({"cni": {"identity": "bgp-a"}});
         let c = parse(b).unwrap();
-        assert_eq!(c.runtime_mac.as_deref(), Some("02:00:00:00:00:09"));
-        assert_eq!(c.runtime_ips, vec!["10.0.0.9/24"]);
-        assert_eq!(c.args_cni["identity"], "bgp-a");
+        assert_eq!(c.common.runtime_mac.as_deref(), Some("02:00:00:00:00:09"));
+        assert_eq!(c.common.runtime_ips, vec!["10.0.0.9/24"]);
+        assert_eq!(c.common.args_cni["identity"], "bgp-a");
     }
 }

@@ -45,16 +45,9 @@ pub fn for_section(
     stdin: &[u8],
 ) -> CniResult<Box<dyn Ipam>> {
     if section.plugin_type == IN_PROCESS {
-        let attachment = Attachment {
-            container_id: env.container_id.clone(),
-            ifname: env.ifname.clone(),
-            netns: env.netns.clone(),
-            args: env.args.clone(),
-            args_cni: conf.args_cni.clone(),
-            runtime_ips: conf.runtime_ips.clone(),
-        };
+        let attachment = Attachment::new(env, &conf.common);
         return Ok(Box::new(StickyIpam::new(
-            &conf.name,
+            &conf.common.name,
             &section.raw,
             attachment,
         )?));
@@ -63,7 +56,7 @@ pub fn for_section(
         &section.plugin_type,
         &env.path,
         stdin,
-        conf.cni_version,
+        conf.common.cni_version,
     )))
 }
 

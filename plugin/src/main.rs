@@ -1,8 +1,7 @@
 use std::process::ExitCode;
 
-use sticky_macvlan::cni::conf::sniff_version;
-use sticky_macvlan::cni::skel::{fail, read_stdin, succeed};
-use sticky_macvlan::cni::{CniEnv, CniVersion, Command};
+use sticky_macvlan::cni::skel::{fail, succeed, Invocation};
+use sticky_macvlan::cni::CniVersion;
 use sticky_macvlan::{cli, commands};
 
 const PROGRAM: &str = "sticky-macvlan";
@@ -16,18 +15,11 @@ fn main() -> ExitCode {
 }
 
 fn run_plugin() -> ExitCode {
-    let env = CniEnv::from_lookup(|k| std::env::var(k).ok());
-    let wants_stdin = !matches!(env.as_ref().map(|e| e.command), Ok(Command::Version));
-    let stdin = if wants_stdin {
-        match read_stdin() {
-            Ok(s) => s,
-            Err(e) => return fail(PROGRAM, &e, CniVersion::LATEST),
-        }
-    } else {
-        Vec::new()
+    let call = match Invocation::read() {
+        Ok(call) => call,
+        Err(e) => return fail(PROGRAM, &e, CniVersion::LATEST),
     };
-    let version = sniff_version(&stdin).unwrap_or(CniVersion::LATEST);
-    let env = match env {
+    let env = match call.env {
         Ok(env) => env,
         Err(e) => {
             if std::env::var_os("CNI_COMMAND").is_none() {
@@ -36,11 +28,11 @@ fn run_plugin() -> ExitCode {
                     cli::ABOUT
                 );
             }
-            return fail(PROGRAM, &e, version);
+            return fail(PROGRAM, &e, call.version);
         }
     };
-    match commands::run(&env, &stdin) {
+    match commands::run(&env, &call.stdin) {
         Ok(out) => succeed(PROGRAM, out.as_ref()),
-        Err(e) => fail(PROGRAM, &e, version),
+        Err(e) => fail(PROGRAM, &e, call.version),
     }
 }

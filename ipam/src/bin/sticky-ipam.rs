@@ -4,8 +4,8 @@
 
 use std::process::ExitCode;
 
-use cni::conf::{gc_attachments, sniff_version, CommonConf};
-use cni::skel::{fail, read_stdin, require_verb, succeed};
+use cni::conf::{gc_attachments, CommonConf};
+use cni::skel::{fail, require_verb, succeed, Invocation};
 use cni::{CniEnv, CniError, CniResult, CniVersion, Command};
 use serde_json::Value;
 use sticky_ipam::cli;
@@ -18,21 +18,13 @@ fn main() -> ExitCode {
     if std::env::var_os("CNI_COMMAND").is_none() && !args.is_empty() {
         return cli::main(PROGRAM, &args);
     }
-    let env = CniEnv::from_lookup(|k| std::env::var(k).ok());
-    let wants_stdin = !matches!(env.as_ref().map(|e| e.command), Ok(Command::Version));
-    let stdin = if wants_stdin {
-        match read_stdin() {
-            Ok(s) => s,
-            Err(e) => return fail(PROGRAM, &e, CniVersion::LATEST),
-        }
-    } else {
-        Vec::new()
+    let call = match Invocation::read() {
+        Ok(call) => call,
+        Err(e) => return fail(PROGRAM, &e, CniVersion::LATEST),
     };
-    let version = sniff_version(&stdin).unwrap_or(CniVersion::LATEST);
-    let result = env.and_then(|env| run(&env, &stdin));
-    match result {
+    match call.env.and_then(|env| run(&env, &call.stdin)) {
         Ok(out) => succeed(PROGRAM, out.as_ref()),
-        Err(e) => fail(PROGRAM, &e, version),
+        Err(e) => fail(PROGRAM, &e, call.version),
     }
 }
 
@@ -57,14 +49,7 @@ fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Option<Value>> {
             conf.name
         ))
     })?;
-    let attachment = Attachment {
-        container_id: env.container_id.clone(),
-        ifname: env.ifname.clone(),
-        netns: env.netns.clone(),
-        args: env.args.clone(),
-        args_cni: conf.args_cni.clone(),
-        runtime_ips: conf.runtime_ips.clone(),
-    };
+    let attachment = Attachment::new(env, &conf);
     let mut ipam = StickyIpam::new(&conf.name, &section.raw, attachment)?;
     let result = match env.command {
         Command::Add => ipam

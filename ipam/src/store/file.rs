@@ -307,7 +307,6 @@ impl FileStore {
         Ok(index)
     }
 
-    /// Adds and removes addresses in one identity index file.
     fn update_identity(
         &self,
         identity: &str,
@@ -315,22 +314,9 @@ impl FileStore {
         remove: &BTreeSet<IpAddr>,
         durable: bool,
     ) -> CniResult<bool> {
-        let mut index = self.read_identity_index(identity)?;
-        let before = index.ips.clone();
-        index.ips.retain(|ip| !remove.contains(ip));
-        index
-            .ips
-            .extend(add.iter().filter(|ip| !before.contains(ip)));
-        if index.ips == before {
-            return Ok(false);
-        }
+        let index = self.read_identity_index(identity)?;
         let path = self.identity_path(identity);
-        if index.ips.is_empty() {
-            remove_file(&path)?;
-        } else {
-            write_atomic(&path, &encode(&index), durable)?;
-        }
-        Ok(true)
+        edit_index(&path, index, |i| &mut i.ips, add, remove, durable)
     }
 
     fn update_holder(
@@ -340,22 +326,9 @@ impl FileStore {
         remove: &BTreeSet<IpAddr>,
         durable: bool,
     ) -> CniResult<bool> {
-        let mut index = self.read_holder_index(&holder.0, &holder.1)?;
-        let before = index.ips.clone();
-        index.ips.retain(|ip| !remove.contains(ip));
-        index
-            .ips
-            .extend(add.iter().filter(|ip| !before.contains(ip)));
-        if index.ips == before {
-            return Ok(false);
-        }
+        let index = self.read_holder_index(&holder.0, &holder.1)?;
         let path = self.holder_path(&holder.0, &holder.1);
-        if index.ips.is_empty() {
-            remove_file(&path)?;
-        } else {
-            write_atomic(&path, &encode(&index), durable)?;
-        }
-        Ok(true)
+        edit_index(&path, index, |i| &mut i.ips, add, remove, durable)
     }
 
     /// Rewrites every index from the claims (after damage or an import).
@@ -403,6 +376,31 @@ impl FileStore {
         remove_file(&path)?;
         fsync_dir(&self.root.join(CLAIMS))
     }
+}
+
+/// Adds and removes addresses in one index file (removing the file once it
+/// lists none); returns whether anything was written.
+fn edit_index<T: Serialize>(
+    path: &Path,
+    mut index: T,
+    ips: fn(&mut T) -> &mut Vec<IpAddr>,
+    add: &BTreeSet<IpAddr>,
+    remove: &BTreeSet<IpAddr>,
+    durable: bool,
+) -> CniResult<bool> {
+    let list = ips(&mut index);
+    let before = list.clone();
+    list.retain(|ip| !remove.contains(ip));
+    list.extend(add.iter().filter(|ip| !before.contains(ip)));
+    if *list == before {
+        return Ok(false);
+    }
+    if list.is_empty() {
+        remove_file(path)?;
+    } else {
+        write_atomic(path, &encode(&index), durable)?;
+    }
+    Ok(true)
 }
 
 fn lock_exclusive(lock: &File, path: &Path, network: &str) -> CniResult<()> {
