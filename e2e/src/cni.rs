@@ -2,7 +2,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -119,8 +119,8 @@ impl CniCall {
         self.run_raw(self.config.to_string().as_bytes())
     }
 
-    /// Runs with exactly these stdin bytes (for malformed configs).
-    pub fn run_raw(&self, stdin: &[u8]) -> CniReply {
+    /// Starts the plugin with exactly these stdin bytes, as a runtime does.
+    pub fn spawn(&self, stdin: &[u8]) -> Child {
         // An empty node_netns means the caller already entered it (the bench
         // does, so `ip netns exec` is not in its figures).
         let mut cmd = if self.node_netns.is_empty() {
@@ -157,7 +157,6 @@ impl CniCall {
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let start = Instant::now();
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.plugin.display()));
@@ -165,6 +164,13 @@ impl CniCall {
             // A plugin may exit before reading (e.g. on a bad env); ignore EPIPE.
             let _ = pipe.write_all(stdin);
         }
+        child
+    }
+
+    /// Runs with exactly these stdin bytes (for malformed configs).
+    pub fn run_raw(&self, stdin: &[u8]) -> CniReply {
+        let start = Instant::now();
+        let child = self.spawn(stdin);
         let out = child
             .wait_with_output()
             .unwrap_or_else(|e| panic!("cannot wait for {}: {e}", self.plugin.display()));

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -458,35 +458,13 @@ fn concurrent_adds_get_distinct_addresses() {
     }
 }
 
-/// Runs the plugin and kills it with SIGKILL after `delay`.
+/// Runs the plugin and kills it with SIGKILL after `delay`; true when the
+/// kill landed before the plugin finished.
 fn run_and_kill(call: &CniCall, delay: Duration) -> bool {
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &call.node_netns])
-        .arg(&call.plugin);
-    for (k, v) in [
-        ("CNI_COMMAND", &call.command),
-        ("CNI_CONTAINERID", &call.container_id),
-        ("CNI_NETNS", &call.netns),
-        ("CNI_IFNAME", &call.ifname),
-        ("CNI_ARGS", &call.args),
-        ("CNI_PATH", &call.cni_path),
-    ] {
-        cmd.env(k, v);
-    }
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn plugin");
-    if let Some(mut stdin) = child.stdin.take() {
-        use std::io::Write;
-        let _ = stdin.write_all(call.config.to_string().as_bytes());
-    }
+    let mut child = call.spawn(call.config.to_string().as_bytes());
     std::thread::sleep(delay);
     let _ = child.kill();
-    let status = child.wait().expect("wait");
-    !status.success()
+    !child.wait().expect("wait for the plugin").success()
 }
 
 /// kill -9 at varied points of ADD and DEL, then what kubelet does next;
@@ -500,7 +478,19 @@ fn kill_9_during_add_and_del_loses_nothing() {
     let identities = 6;
     let mut bound: BTreeMap<String, String> = BTreeMap::new();
     let mut killed = 0;
+    // Where the kills landed: (claim written, link left in the pod) -> count.
+    let mut landed: BTreeMap<(bool, bool), usize> = BTreeMap::new();
     let trials = 48;
+    // Spread kills over a whole command as this machine runs it: start-up,
+    // store, netlink. A throwaway ADD+DEL measures how long that is.
+    let probe_pod = topo.add_pod("probe");
+    let probe = CniCall::new(&our_plugin(), &node, "ADD", conf.clone())
+        .container("probe")
+        .netns(&probe_pod.path)
+        .args(&k8s("probe", "probe"));
+    let span = probe.run().elapsed;
+    probe.clone().command("DEL").run().expect_ok();
+    let span_us = span.as_micros().max(1000) as usize;
     let deadline = Instant::now() + Duration::from_secs(240);
     for trial in 0..trials {
         assert!(
@@ -510,8 +500,7 @@ fn kill_9_during_add_and_del_loses_nothing() {
         let name = format!("crash-{}", trial % identities);
         let uid = format!("uid-{trial}");
         let args = k8s(&name, &uid);
-        // Spread the kill over the whole ADD (a few ms): start-up, store, netlink.
-        let delay = Duration::from_micros(((trial * 7919) % 12_000) as u64);
+        let delay = Duration::from_micros(((trial * 7919) % span_us) as u64);
         let pod = topo.add_pod(&format!("t{trial}"));
         let cid = format!("ctr-{trial}");
         let add = CniCall::new(&our_plugin(), &node, "ADD", conf.clone())
@@ -521,6 +510,10 @@ fn kill_9_during_add_and_del_loses_nothing() {
         let kill_add = trial % 2 == 0;
         if kill_add {
             killed += usize::from(run_and_kill(&add, delay));
+            let claimed =
+                holder_of(&store, NET, &format!("default/{name}")).as_deref() == Some(cid.as_str());
+            let link_left = links_in(&pod.netns).len() > 1;
+            *landed.entry((claimed, link_left)).or_default() += 1;
             // kubelet: tear the failed sandbox down, then a new sandbox.
             call(&topo, 0, "DEL", &conf, &cid, &pod, &args).expect_ok();
             topo.delete_netns(&pod.netns);
@@ -561,7 +554,13 @@ fn kill_9_during_add_and_del_loses_nothing() {
             "duplicate IP after trial {trial}"
         );
     }
-    eprintln!("crash trials: {trials}, killed mid-command: {killed}");
+    eprintln!(
+        "crash trials: {trials} over {span:?} commands, killed mid-command: {killed}; ADD kills by (claim written, link left): {landed:?}"
+    );
+    assert!(
+        landed.keys().any(|(claimed, _)| *claimed),
+        "no ADD was killed after its claim was written: {landed:?}"
+    );
     // Macvlans are born in pod netns, so a crash never leaks one on the node.
     assert_eq!(
         links_in(&node),
@@ -571,7 +570,11 @@ fn kill_9_during_add_and_del_loses_nothing() {
         killed > trials / 4,
         "too few kills landed mid-command ({killed}): the delays miss the command"
     );
-    assert_eq!(claims(&store, NET).len(), identities);
+    assert_eq!(
+        claims(&store, NET).len(),
+        identities + 1,
+        "the crash identities and the probe"
+    );
 }
 
 /// The standalone sticky-ipam behind the reference macvlan: same sticky
