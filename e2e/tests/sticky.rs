@@ -812,3 +812,138 @@ fn invalid_ipam_config_leaves_nothing() {
     assert_eq!(links_in(&pod.netns), vec!["lo".to_string()]);
     assert!(!store.join(NET).join("claims").exists() || snapshot(&store).is_empty());
 }
+
+/// sticky-ipam answers like host-local for the same keys: the same result
+/// JSON (MAC and sandbox aside) and the same pod state, in-process behind
+/// our plugin and standalone behind the reference macvlan, single and dual
+/// stack, at every version host-local speaks that can carry the result.
+#[test]
+fn sticky_ipam_answers_like_host_local() {
+    let mut topo = Topology::new(1);
+    let cni_path = format!(
+        "{}:{}",
+        our_ipam()
+            .parent()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        sticky_e2e::REFERENCE_DIR
+    );
+    type IpamOf = fn(&Path) -> Value;
+    let layouts: [(&str, IpamOf); 2] = [
+        ("single", configs::host_local),
+        ("dual", configs::host_local_dual_stack),
+    ];
+    let mut compared = 0;
+    for (layout, ipam_of) in layouts {
+        for version in ["0.3.1", "0.4.0", "1.0.0"] {
+            let tag = format!("{layout}-{}", version.replace('.', ""));
+            let mut side = |label: &str, plugin: &Path, plugin_type: &str, ipam_type: &str| {
+                let mut ipam = ipam_of(&topo.file(&format!("{tag}-{label}")));
+                ipam["type"] = json!(ipam_type);
+                let conf = configs::macvlan(plugin_type, version, "uplink0", ipam);
+                let pod = topo.add_pod(&format!("{tag}-{label}"));
+                let call = CniCall::new(plugin, &topo.node(0).netns, "ADD", conf)
+                    .container(&format!("{tag}-{label}"))
+                    .netns(&pod.path)
+                    .cni_path(&cni_path);
+                let reply = call.run();
+                let result = sticky_e2e::state::normalize_result(reply.expect_ok());
+                let state = sticky_e2e::state::interface_state(&pod.netns, "net1");
+                call.clone().command("DEL").run().expect_ok();
+                topo.delete_netns(&pod.netns);
+                (result, state)
+            };
+            let reference = side(
+                "ref",
+                &reference_plugin("macvlan"),
+                configs::REF_TYPE,
+                "host-local",
+            );
+            let in_process = side("ours", &our_plugin(), configs::OUR_TYPE, "sticky-ipam");
+            let standalone = side(
+                "standalone",
+                &reference_plugin("macvlan"),
+                configs::REF_TYPE,
+                "sticky-ipam",
+            );
+            assert_eq!(
+                in_process, reference,
+                "{tag}: in-process sticky-ipam vs host-local"
+            );
+            assert_eq!(
+                standalone, reference,
+                "{tag}: standalone sticky-ipam vs host-local"
+            );
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 6);
+}
+
+/// Dual-stack sticky: one sticky address per family, both back after
+/// DEL and re-ADD from a new sandbox, and both reach the router.
+#[test]
+fn dual_stack_identity_keeps_both_addresses() {
+    let mut topo = Topology::new(1);
+    let store = topo.file("store");
+    let mut ipam = configs::host_local_dual_stack(&store);
+    ipam["type"] = json!("sticky-ipam");
+    ipam["identityPolicy"] = json!("podName");
+    let conf = configs::macvlan(configs::OUR_TYPE, "1.0.0", "uplink0", ipam);
+    let addresses = |reply: &CniReply| -> Vec<String> {
+        reply.expect_ok()["ips"]
+            .as_array()
+            .map(|ips| {
+                ips.iter()
+                    .filter_map(|i| i["address"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let first = topo.add_pod("ds1");
+    let got = addresses(&call(
+        &topo,
+        0,
+        "ADD",
+        &conf,
+        "ds1",
+        &first,
+        &k8s("ds-0", "u1"),
+    ));
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(topo.ping_eventually(&first.netns, &format!("{SUBNET_PREFIX}.1"), 3));
+    call(&topo, 0, "DEL", &conf, "ds1", &first, &k8s("ds-0", "u1")).expect_ok();
+    let second = topo.add_pod("ds2");
+    let again = addresses(&call(
+        &topo,
+        0,
+        "ADD",
+        &conf,
+        "ds2",
+        &second,
+        &k8s("ds-0", "u2"),
+    ));
+    assert_eq!(again, got);
+    let v6_ok = (0..3).any(|_| {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &second.netns,
+                "ping",
+                "-6",
+                "-c",
+                "1",
+                "-W",
+                "2",
+                "fd00:213::1",
+            ])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    });
+    assert!(v6_ok, "the router is not reachable over IPv6");
+    let held = claims(&store, NET);
+    assert_eq!(held.len(), 2);
+    assert!(held.iter().all(|c| c.identity == "default/ds-0"));
+}
