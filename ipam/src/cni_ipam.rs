@@ -215,8 +215,17 @@ impl StickyIpam {
         Ok(())
     }
 
-    pub fn del(&mut self) -> CniResult<()> {
+    /// A release that a power loss undoes is harmless: the claim comes back
+    /// with a holder recorded in an earlier boot, which every verdict finds
+    /// dead. So releases skip the fsyncs that grants need.
+    fn open_for_release(&self) -> CniResult<FileStore> {
         let mut store = self.open()?;
+        store.set_durable(false);
+        Ok(store)
+    }
+
+    pub fn del(&mut self) -> CniResult<()> {
+        let mut store = self.open_for_release()?;
         let plan = plan_del(
             &mut store,
             &self.at.container_id,
@@ -271,7 +280,7 @@ impl StickyIpam {
 
     pub fn gc(&mut self, keep: &[(String, String)]) -> CniResult<()> {
         let keep: BTreeSet<(String, String)> = keep.iter().cloned().collect();
-        let mut store = self.open()?;
+        let mut store = self.open_for_release()?;
         let plan = plan_gc(&mut store, &self.inspector.node.node, &keep, now_secs())?;
         if !plan.is_empty() {
             store.commit(&plan)?;

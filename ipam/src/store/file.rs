@@ -14,6 +14,11 @@
 //! index read is checked against the claims, so an index may be stale but
 //! never missing a claim: that is what keeps one address per identity
 //! (invariant 2) across a crash without scanning all claims on each ADD.
+//! Which fsyncs and why: a grant (a new claim or a new holder) fsyncs its
+//! index entries, then the claim, then the directories, before ADD answers.
+//! A release (DEL, GC) does not: if a power loss undoes it, the claim comes
+//! back naming a holder from an earlier boot, which liveness finds dead.
+//! Cursors are never fsynced: they only spread allocations.
 //! Identities and container IDs are untrusted; they only reach the file
 //! system as SHA-256 hashes. Files are 0600, directories 0700, and no
 //! record is opened through a symlink.
@@ -223,9 +228,10 @@ impl FileStore {
         &self.root
     }
 
-    /// Bulk loads skip the per-record fsyncs and call `sync` once at the
-    /// end; a crash in between loses only part of the load, never a
-    /// record's integrity (writes are still atomic renames).
+    /// Without durability, records are still written atomically (temp +
+    /// rename) but not fsynced: for bulk loads that `sync` once at the end,
+    /// and for releases, which a power loss may undo harmlessly. A kill -9
+    /// loses nothing either way (the page cache survives the process).
     pub fn set_durable(&mut self, durable: bool) {
         self.durable = durable;
     }
