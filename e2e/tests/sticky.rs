@@ -783,6 +783,15 @@ fn operator_cli_import_claims_release_reconcile() {
     assert!(claims(&store, NET).is_empty());
     let (ok, _, err) = cli(&["release", "--dir", &dir]);
     assert!(!ok && err.contains("--network"), "{err}");
+    let (ok, _, err) = cli(&["claims", "--dir", &dir, "--network", "typo"]);
+    assert!(
+        !ok && err.contains("\"typo\" has no claims") && err.contains(NET),
+        "{err}"
+    );
+    assert!(
+        !store.join("typo").exists(),
+        "a typo does not create a store"
+    );
     let (ok, _, err) = cli(&["claims", "--bogus"]);
     assert!(!ok && err.contains("--bogus"), "{err}");
 }

@@ -92,11 +92,28 @@ impl Opts {
         self.flags.iter().any(|x| x == f)
     }
 
+    /// The networks to act on; a named one must already have a store (a
+    /// typo must not create an empty one).
     fn networks(&self) -> CniResult<Vec<String>> {
         match &self.network {
-            Some(n) => Ok(vec![n.clone()]),
+            Some(n) => {
+                self.require_store(n)?;
+                Ok(vec![n.clone()])
+            }
             None => FileStore::networks(&self.dir),
         }
+    }
+
+    fn require_store(&self, network: &str) -> CniResult<()> {
+        let known = FileStore::networks(&self.dir)?;
+        if known.iter().any(|n| n == network) {
+            return Ok(());
+        }
+        Err(CniError::invalid_config(format!(
+            "network {network:?} has no claims under {} (networks there: {}): check --network, and --dir against the ipam section's dataDir",
+            self.dir.display(),
+            if known.is_empty() { "none".to_string() } else { known.join(", ") }
+        )))
     }
 
     fn network(&self, command: &str) -> Result<String, CniError> {
@@ -260,6 +277,7 @@ fn claims(opts: &Opts) -> CniResult<()> {
 
 fn release(opts: &Opts) -> CniResult<()> {
     let network = opts.network("release")?;
+    opts.require_store(&network)?;
     let mut store = FileStore::open(&opts.dir, &network)?;
     if let Some(name) = opts.values.get("--file") {
         store.remove_claim_file(name)?;
