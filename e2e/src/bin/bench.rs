@@ -52,10 +52,10 @@ type Row = (String, (f64, f64, f64), (f64, f64, f64));
 
 fn print_rows(title: &str, ours: &str, theirs: &str, rows: &[Row]) {
     println!("\n{title}");
-    println!("{:<34} {:>24} {:>24} {:>7}", "case", ours, theirs, "ratio");
+    println!("{:<40} {:>24} {:>24} {:>7}", "case", ours, theirs, "ratio");
     for (label, (om, omin, omax), (rm, rmin, rmax)) in rows {
         println!(
-            "{label:<34} {:>24} {:>24} {:>6.2}x",
+            "{label:<40} {:>24} {:>24} {:>6.2}x",
             format!("{om:.2} [{omin:.2}..{omax:.2}]"),
             format!("{rm:.2} [{rmin:.2}..{rmax:.2}]"),
             om / rm
