@@ -199,6 +199,12 @@ fn state(claim: &Claim, inspector: &dyn Inspector) -> String {
 }
 
 fn claims(opts: &Opts) -> CniResult<()> {
+    if !opts.dir.is_dir() {
+        return Err(CniError::invalid_config(format!(
+            "there is no sticky-ipam store at {}: pass --dir with the ipam section's dataDir (or store.dir)",
+            opts.dir.display()
+        )));
+    }
     let inspector = opts.inspector();
     let now = now_secs();
     let mut rows = vec![[
