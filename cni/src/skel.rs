@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
-use crate::conf::sniff_version;
+use crate::conf::{sniff_version, CommonConf};
 use crate::env::{CniEnv, Command};
 use crate::error::{code, CniError, CniResult};
 use crate::version::CniVersion;
@@ -68,6 +68,28 @@ pub fn succeed(program: &str, out: Option<&serde_json::Value>) -> ExitCode {
             ExitCode::from(1)
         }
         _ => ExitCode::SUCCESS,
+    }
+}
+
+/// Points the log at the config's `logFile`, every line tagged with the
+/// attachment it is about.
+pub fn start_log(program: &'static str, conf: &CommonConf, env: &CniEnv) {
+    crate::log::init(
+        program,
+        conf.log_file.as_deref(),
+        conf.log_level,
+        format!(
+            "net={} container={} ifname={} ",
+            conf.name, env.container_id, env.ifname
+        ),
+    );
+}
+
+/// One line per invocation saying how the verb ended.
+pub fn log_outcome<T>(command: Command, result: &CniResult<T>) {
+    match result {
+        Ok(_) => crate::log::info(&format!("{} ok", command.as_str())),
+        Err(e) => crate::log::error(&format!("{} failed: {e}", command.as_str())),
     }
 }
 

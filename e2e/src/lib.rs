@@ -313,6 +313,11 @@ pub fn our_plugin() -> PathBuf {
 
 pub const REFERENCE_DIR: &str = "/usr/lib/cni";
 
+/// CNI_PATH with our built binaries first, then the reference plugins.
+pub fn cni_path_with_ours() -> String {
+    format!("{}:{REFERENCE_DIR}", target_dir().display())
+}
+
 pub fn reference_plugin(name: &str) -> PathBuf {
     let p = PathBuf::from(REFERENCE_DIR).join(name);
     assert!(

@@ -37,7 +37,7 @@ fn libcni_add_check_ping_del_with_capabilities() {
     let list = json!({"cniVersion": "1.0.0", "name": "macnet", "plugins": [our, {"type": "tuning", "mtu": 1450}]});
     let conflist = topo.file("net.conflist");
     std::fs::write(&conflist, list.to_string()).expect("write conflist");
-    let cni_path = format!("{}:{}", target_dir().display(), sticky_e2e::REFERENCE_DIR);
+    let cni_path = sticky_e2e::cni_path_with_ours();
     let cache = topo.file("cache");
     let run = |actions: &[&str]| {
         let out = Command::new("ip")

@@ -585,14 +585,9 @@ fn standalone_ipam_behind_reference_macvlan() {
     let store = topo.file("store");
     let mut conf = configs::sticky("uplink0", &store, json!({"identityPolicy": "podName"}));
     conf["type"] = json!(configs::REF_TYPE);
-    let cni_path = format!(
-        "{}:{}",
-        our_ipam()
-            .parent()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default(),
-        sticky_e2e::REFERENCE_DIR
-    );
+    // our_ipam() asserts the standalone binary is built.
+    our_ipam();
+    let cni_path = sticky_e2e::cni_path_with_ours();
     let run = |topo: &Topology, node: usize, cmd: &str, cid: &str, pod: &Pod, args: &str| {
         CniCall::new(
             &reference_plugin("macvlan"),
@@ -829,14 +824,9 @@ fn invalid_ipam_config_leaves_nothing() {
 #[test]
 fn sticky_ipam_answers_like_host_local() {
     let mut topo = Topology::new(1);
-    let cni_path = format!(
-        "{}:{}",
-        our_ipam()
-            .parent()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default(),
-        sticky_e2e::REFERENCE_DIR
-    );
+    // our_ipam() asserts the standalone binary is built.
+    our_ipam();
+    let cni_path = sticky_e2e::cni_path_with_ours();
     type IpamOf = fn(&Path) -> Value;
     let layouts: [(&str, IpamOf); 2] = [
         ("single", configs::host_local),

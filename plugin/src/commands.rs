@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::cni::conf::gc_attachments;
-use crate::cni::skel::require_verb;
+use crate::cni::skel::{log_outcome, require_verb, start_log};
 use crate::cni::{code, CniArgs, CniEnv, CniError, CniOutput, CniResult, Command, Interface};
 use crate::config::NetConf;
 use crate::datapath::macvlan::{self, CreatedLink, Expected, LinkSpec};
@@ -27,15 +27,7 @@ pub fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Output> {
         return Ok(Some(crate::cni::version::version_info()));
     }
     let conf = NetConf::parse(stdin)?;
-    log::init(
-        "sticky-macvlan",
-        conf.common.log_file.as_deref(),
-        conf.common.log_level,
-        format!(
-            "net={} container={} ifname={} ",
-            conf.common.name, env.container_id, env.ifname
-        ),
-    );
+    start_log("sticky-macvlan", &conf.common, env);
     let mut ipam = match &conf.common.ipam {
         None => None,
         Some(section) => Some(crate::ipam::for_section(section, env, &conf, stdin)?),
@@ -64,10 +56,7 @@ pub fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Output> {
         // Answered above, before the config is read.
         Command::Version => Ok(Some(crate::cni::version::version_info())),
     };
-    match &result {
-        Ok(_) => log::info(&format!("{} ok", env.command.as_str())),
-        Err(e) => log::error(&format!("{} failed: {e}", env.command.as_str())),
-    }
+    log_outcome(env.command, &result);
     result
 }
 

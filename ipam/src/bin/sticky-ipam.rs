@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use cni::conf::{gc_attachments, CommonConf};
-use cni::skel::{fail, require_verb, succeed, Invocation};
+use cni::skel::{fail, log_outcome, require_verb, start_log, succeed, Invocation};
 use cni::{CniEnv, CniError, CniResult, CniVersion, Command};
 use serde_json::Value;
 use sticky_ipam::cli;
@@ -33,15 +33,7 @@ fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Option<Value>> {
         return Ok(Some(cni::version::version_info()));
     }
     let (conf, _) = CommonConf::parse(stdin, "the main plugin's type")?;
-    cni::log::init(
-        PROGRAM,
-        conf.log_file.as_deref(),
-        conf.log_level,
-        format!(
-            "net={} container={} ifname={} ",
-            conf.name, env.container_id, env.ifname
-        ),
-    );
+    start_log(PROGRAM, &conf, env);
     require_verb(env.command, conf.cni_version)?;
     let section = conf.ipam.as_ref().ok_or_else(|| {
         CniError::invalid_config(format!(
@@ -68,9 +60,6 @@ fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Option<Value>> {
         Command::Gc => ipam.gc(&gc_attachments(stdin)?).map(|()| None),
         Command::Version => Ok(Some(cni::version::version_info())),
     };
-    match &result {
-        Ok(_) => cni::log::info(&format!("{} ok", env.command.as_str())),
-        Err(e) => cni::log::error(&format!("{} failed: {e}", env.command.as_str())),
-    }
+    log_outcome(env.command, &result);
     result
 }
