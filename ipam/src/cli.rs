@@ -458,6 +458,7 @@ fn import_host_local(opts: &Opts) -> CniResult<()> {
                     boot_id: node.boot_id.clone(),
                     since: now,
                 }),
+                owner: None,
                 created: now,
                 updated: now,
             }),

@@ -13,11 +13,16 @@ use serde_json::{Map, Value};
 use crate::addr::parse_ip_maybe_cidr;
 use crate::claim::{now_secs, Holder};
 use crate::config::IpamConfig;
+use crate::config::StoreKind;
 use crate::engine::{plan_add, plan_del, plan_gc, plan_undo, AddRequest, Grant};
 use crate::identity;
-use crate::liveness::Caller;
+use crate::kube::client::KubeClient;
+use crate::kube::liveness::KubeInspector;
+use crate::kube::{ApiError, KubeApi, PodFacts};
+use crate::liveness::{Caller, NodeFacts};
 use crate::store::file::FileStore;
-use crate::store::{ClaimStore, Plan};
+use crate::store::kube::{self as kube_store, KubeStore, STORE_CONFLICT, STORE_UNREACHABLE};
+use crate::store::{Change, ClaimStore, Plan};
 use crate::system::{netns_id, node_facts, LocalInspector};
 
 /// One invocation's view of the attachment.
@@ -36,11 +41,66 @@ pub struct Attachment {
 pub struct StickyIpam {
     conf: IpamConfig,
     at: Attachment,
-    inspector: LocalInspector,
+    node: NodeFacts,
+    /// The kube client, built on first use (kubernetes store only).
+    kube: Option<Result<KubeClient, ApiError>>,
     /// The ADD request, resolved early by `prepare_add`.
     prepared: Option<AddRequest>,
+    /// Set when the API did not answer while resolving the identity.
+    unreachable: Option<String>,
     /// What the last ADD committed, for `undo_add`.
     committed: Option<Plan>,
+}
+
+/// How often a plan that lost a race is planned again before ADD gives up
+/// with code 11 (kubelet retries the whole ADD later).
+const MAX_ATTEMPTS: u32 = 8;
+
+/// Plans with `plan` and commits, planning again after a conflict with
+/// a jittered, bounded backoff.
+fn with_retries<T>(
+    store: &mut dyn ClaimStore,
+    what: &str,
+    mut plan: impl FnMut(&mut dyn ClaimStore) -> CniResult<(Plan, T)>,
+) -> CniResult<(Plan, T)> {
+    let mut last = String::new();
+    for attempt in 0..MAX_ATTEMPTS {
+        let outcome = plan(store).and_then(|(p, t)| {
+            if !p.is_empty() {
+                store.commit(&p)?;
+            }
+            Ok((p, t))
+        });
+        match outcome {
+            Err(e) if e.code == STORE_CONFLICT => {
+                cni::log::debug(&format!(
+                    "{what}: attempt {} lost a race: {}",
+                    attempt + 1,
+                    e.msg
+                ));
+                last = e.msg;
+                std::thread::sleep(backoff(attempt));
+                store.conflicted()?;
+            }
+            other => return other,
+        }
+    }
+    Err(CniError::new(
+        cni::code::TRY_AGAIN_LATER,
+        format!("{what} gave up after {MAX_ATTEMPTS} conflicting writes (last: {last}); kubelet retries it"),
+    ))
+}
+
+/// 5 ms doubling to 320 ms, each with up to 100% jitter so racing nodes
+/// spread out.
+fn backoff(attempt: u32) -> std::time::Duration {
+    let base = 5u64 << attempt.min(6);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
+        ^ std::process::id().wrapping_mul(2_654_435_761);
+    std::time::Duration::from_millis(base + u64::from(seed) % (base + 1))
 }
 
 impl Attachment {
@@ -96,14 +156,14 @@ impl StickyIpam {
     /// Validates the `ipam` section of `network` up front.
     pub fn new(network: &str, ipam: &Value, at: Attachment) -> CniResult<StickyIpam> {
         let conf = IpamConfig::parse(network, ipam)?;
-        let inspector = LocalInspector {
-            node: node_facts(conf.node_name.as_deref()),
-        };
+        let node = node_facts(conf.node_name.as_deref());
         Ok(StickyIpam {
             conf,
             at,
-            inspector,
+            node,
+            kube: None,
             prepared: None,
+            unreachable: None,
             committed: None,
         })
     }
@@ -116,14 +176,51 @@ impl StickyIpam {
         FileStore::open(&self.conf.store_dir, &self.conf.network)
     }
 
-    fn request(&self) -> CniResult<AddRequest> {
+    /// The node-local record of the kubernetes store (degraded mode and
+    /// next-fit cursors); it also serialises this node's ADDs on a network.
+    fn open_local(&self) -> CniResult<FileStore> {
+        FileStore::open(
+            &kube_store::local_dir(&self.conf.store_dir),
+            &self.conf.network,
+        )
+    }
+
+    /// The kube client, or why there is none (kubernetes store only).
+    fn client(&mut self) -> Option<Result<&KubeClient, ApiError>> {
+        if let StoreKind::Kubernetes {
+            kubeconfig,
+            timeout,
+        } = &self.conf.store
+        {
+            if self.kube.is_none() {
+                self.kube = Some(KubeClient::from_kubeconfig(kubeconfig, *timeout));
+            }
+        }
+        self.kube.as_ref().map(|c| c.as_ref().map_err(Clone::clone))
+    }
+
+    fn first_cursors(&self) -> Vec<Option<IpAddr>> {
+        self.conf
+            .range_sets
+            .iter()
+            .map(|set| {
+                let n = kube_store::node_offset(&self.node.node, set.size());
+                // next-fit starts after the cursor
+                set.address_at(n)
+            })
+            .collect()
+    }
+
+    fn request(&mut self) -> CniResult<AddRequest> {
         let args = CniArgs::parse(&self.at.args)?;
+        let pod = self.pod_for_identity(&args)?;
         let identity = identity::resolve(
             &self.conf,
             &self.at.args_cni,
             &args,
             &self.at.container_id,
             &self.at.ifname,
+            pod.as_ref(),
         )?;
         let now = now_secs();
         Ok(AddRequest {
@@ -139,13 +236,43 @@ impl StickyIpam {
                 pod_namespace: args.pod_namespace,
                 pod_name: args.pod_name,
                 pod_uid: args.pod_uid,
-                node: self.inspector.node.node.clone(),
-                boot_id: self.inspector.node.boot_id.clone(),
+                node: self.node.node.clone(),
+                boot_id: self.node.boot_id.clone(),
                 since: now,
             },
             identity,
             now,
         })
+    }
+
+    /// The pod, when the identity may come from it (annotation or a
+    /// StatefulSet owner): kubernetes store only, and only when neither
+    /// args.cni nor the config names the identity.
+    fn pod_for_identity(&mut self, args: &CniArgs) -> CniResult<Option<PodFacts>> {
+        if self
+            .at
+            .args_cni
+            .get("identity")
+            .is_some_and(|v| !v.is_null())
+            || self.conf.identity.is_some()
+        {
+            return Ok(None);
+        }
+        let (Some(ns), Some(name)) = (args.pod_namespace.clone(), args.pod_name.clone()) else {
+            return Ok(None);
+        };
+        let Some(client) = self.client() else {
+            return Ok(None);
+        };
+        let client = client.map_err(kube_store::api_error)?;
+        match client.get_pod(&ns, &name) {
+            Ok(pod) => Ok(pod),
+            Err(ApiError::Unreachable(why)) => {
+                self.unreachable = Some(why);
+                Ok(None)
+            }
+            Err(e) => Err(kube_store::api_error(e)),
+        }
     }
 
     fn output(&self, grants: &[Grant]) -> CniOutput {
@@ -166,8 +293,8 @@ impl StickyIpam {
     }
 
     /// Resolves and validates the ADD (identity, requested addresses)
-    /// without touching the store, so a bad identity fails before the
-    /// plugin creates anything.
+    /// without writing, so a bad identity fails before the plugin creates
+    /// anything.
     pub fn prepare_add(&mut self) -> CniResult<()> {
         if self.prepared.is_none() {
             self.prepared = Some(self.request()?);
@@ -180,11 +307,17 @@ impl StickyIpam {
             Some(req) => req,
             None => self.request()?,
         };
-        let mut store = self.open()?;
-        let (plan, grants) = plan_add(&self.conf, &mut store, &self.inspector, &req)?;
-        if !plan.is_empty() {
-            store.commit(&plan)?;
-        }
+        let (plan, grants) = match self.conf.store {
+            StoreKind::File => {
+                let mut store = self.open()?;
+                let inspector = LocalInspector {
+                    node: self.node.clone(),
+                };
+                let conf = &self.conf;
+                with_retries(&mut store, "ADD", |s| plan_add(conf, s, &inspector, &req))?
+            }
+            StoreKind::Kubernetes { .. } => self.add_kube(&req)?,
+        };
         for g in &grants {
             match &g.took_over {
                 Some(note) => cni::log::info(&format!("identity {:?}: {note}", req.identity.key)),
@@ -200,6 +333,110 @@ impl StickyIpam {
         Ok(self.output(&grants))
     }
 
+    fn add_kube(&mut self, req: &AddRequest) -> CniResult<(Plan, Vec<Grant>)> {
+        let local = self.open_local()?;
+        let first = self.first_cursors();
+        let node = self.node.clone();
+        if let Some(why) = self.unreachable.clone() {
+            return self.add_degraded(local, req, &why);
+        }
+        self.client();
+        let client = match self.kube.as_ref() {
+            Some(Ok(c)) => c,
+            Some(Err(ApiError::Unreachable(why))) => return self.add_degraded(local, req, why),
+            Some(Err(e)) => return Err(kube_store::api_error(e.clone())),
+            None => {
+                return Err(CniError::invalid_config(
+                    "kubernetes store without a client",
+                ))
+            }
+        };
+        let mut store = KubeStore::new(client, &self.conf.network, Some(local), first);
+        let inspector = KubeInspector::new(client, node);
+        let conf = &self.conf;
+        match with_retries(&mut store, "ADD", |s| plan_add(conf, s, &inspector, req)) {
+            Err(e) if e.code == STORE_UNREACHABLE => {
+                let why = e.msg.clone();
+                let local = store.into_local();
+                match local {
+                    Some(local) => self.add_degraded(local, req, &why),
+                    None => Err(e),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// The API is unreachable: only a pod re-ADDing what this node already
+    /// holds for it (same pod UID) is served, from the node-local record;
+    /// nothing is written to the API (DESIGN.md section 5).
+    fn add_degraded(
+        &self,
+        mut local: FileStore,
+        req: &AddRequest,
+        why: &str,
+    ) -> CniResult<(Plan, Vec<Grant>)> {
+        let refuse = |detail: &str| {
+            CniError::new(
+                cni::code::TRY_AGAIN_LATER,
+                format!(
+                    "network {:?}: {why}; {detail}: nothing is allocated while the API is unreachable, and kubelet retries this ADD",
+                    self.conf.network
+                ),
+            )
+        };
+        let Some(uid) = req.caller.pod_uid.as_deref().filter(|u| !u.is_empty()) else {
+            return Err(refuse("the ADD names no pod UID (K8S_POD_UID)"));
+        };
+        let listing = local.list()?;
+        let mine: Vec<&crate::claim::Claim> = listing
+            .claims
+            .iter()
+            .filter(|c| {
+                c.holder
+                    .as_ref()
+                    .is_some_and(|h| h.pod_uid.as_deref() == Some(uid) && h.node == self.node.node)
+            })
+            .collect();
+        let mut grants = Vec::new();
+        let mut plan = Plan::default();
+        for set in &self.conf.range_sets {
+            let Some(claim) = mine.iter().find(|c| set.contains(c.ip)) else {
+                return Err(refuse(&format!(
+                    "this node holds no address of range set {} for pod UID {uid}",
+                    set.describe()
+                )));
+            };
+            let range = set
+                .range_of(claim.ip)
+                .cloned()
+                .unwrap_or_else(|| set.ranges[0].clone());
+            plan.changes.push(Change {
+                before: Some((*claim).clone()),
+                after: Some(crate::claim::Claim {
+                    holder: Some(req.holder.clone()),
+                    updated: req.now,
+                    ..(*claim).clone()
+                }),
+            });
+            grants.push(Grant {
+                ip: claim.ip,
+                range,
+                took_over: Some(format!(
+                    "served {} from the node-local record (degraded mode: {why})",
+                    claim.ip
+                )),
+            });
+        }
+        local.commit(&plan)?;
+        cni::log::warn(&format!(
+            "network {:?}: degraded mode, re-ADD of pod UID {uid} served from the node-local record; the API is not updated",
+            self.conf.network
+        ));
+        // Nothing reached the API, so there is nothing for undo_add to undo there.
+        Ok((Plan::default(), grants))
+    }
+
     /// Undoes this process's ADD after a later step failed: the claims go
     /// back to exactly what they were (invariant 5), unlike DEL, which
     /// would leave a taken-over claim without its old holder.
@@ -207,43 +444,104 @@ impl StickyIpam {
         let Some(done) = self.committed.take() else {
             return Ok(());
         };
-        let mut store = self.open()?;
-        let undo = plan_undo(&mut store, &done)?;
-        if !undo.is_empty() {
-            store.commit(&undo)?;
+        if done.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.with_store(true, |s| {
+            let undo = plan_undo(s, &done)?;
+            Ok((undo, ()))
+        })
+        .map(drop)
     }
 
-    /// A release that a power loss undoes is harmless: the claim comes back
-    /// with a holder recorded in an earlier boot, which every verdict finds
-    /// dead. So releases skip the fsyncs that grants need.
-    fn open_for_release(&self) -> CniResult<FileStore> {
-        let mut store = self.open()?;
-        store.set_durable(false);
-        Ok(store)
+    /// Runs a release-like operation (`plan` then commit, retried) on the
+    /// configured store. For the kubernetes store an unreachable API is
+    /// not an error: the holder's claim is later found dead by liveness.
+    fn with_store<T>(
+        &mut self,
+        release: bool,
+        plan: impl FnMut(&mut dyn ClaimStore) -> CniResult<(Plan, T)>,
+    ) -> CniResult<Option<(Plan, T)>> {
+        match self.conf.store {
+            StoreKind::File => {
+                let mut store = self.open()?;
+                // A release that a power loss undoes is harmless: the claim
+                // comes back with a holder recorded in an earlier boot,
+                // which every verdict finds dead. So releases skip fsyncs.
+                store.set_durable(!release);
+                with_retries(&mut store, "release", plan).map(Some)
+            }
+            StoreKind::Kubernetes { .. } => {
+                let local = self.open_local()?;
+                let first = self.first_cursors();
+                let network = self.conf.network.clone();
+                self.client();
+                let client = match self.kube.as_ref().map(|c| c.as_ref().map_err(Clone::clone)) {
+                    Some(Ok(c)) => c,
+                    Some(Err(ApiError::Unreachable(why))) => {
+                        cni::log::warn(&format!(
+                            "network {network:?}: kubernetes API unreachable ({why}); the claim is left for liveness to release"
+                        ));
+                        return Ok(None);
+                    }
+                    Some(Err(e)) => return Err(kube_store::api_error(e)),
+                    None => return Ok(None),
+                };
+                let mut store = KubeStore::new(client, &network, Some(local), first);
+                match with_retries(&mut store, "release", plan) {
+                    Err(e) if e.code == STORE_UNREACHABLE => {
+                        cni::log::warn(&format!(
+                            "network {network:?}: {}; the claim is left for liveness to release",
+                            e.msg
+                        ));
+                        Ok(None)
+                    }
+                    other => other.map(Some),
+                }
+            }
+        }
     }
 
     pub fn del(&mut self) -> CniResult<()> {
-        let mut store = self.open_for_release()?;
-        let plan = plan_del(
-            &mut store,
-            &self.at.container_id,
-            &self.at.ifname,
-            now_secs(),
-        )?;
-        if !plan.is_empty() {
-            store.commit(&plan)?;
+        let (cid, ifname) = (self.at.container_id.clone(), self.at.ifname.clone());
+        let done = self.with_store(true, |s| {
+            let plan = plan_del(s, &cid, &ifname, now_secs())?;
+            Ok((plan, ()))
+        })?;
+        if let Some((plan, ())) = done {
             for c in plan.changes.iter().filter_map(|c| c.before.as_ref()) {
                 cni::log::info(&format!("released {} of identity {:?}", c.ip, c.identity));
             }
         }
+        if matches!(self.conf.store, StoreKind::Kubernetes { .. }) {
+            self.release_local(&cid, &ifname);
+        }
         Ok(())
     }
 
+    /// The node-local record must not serve a released claim in degraded
+    /// mode; best effort.
+    fn release_local(&self, cid: &str, ifname: &str) {
+        let outcome = self.open_local().and_then(|mut local| {
+            local.set_durable(false);
+            let plan = plan_del(&mut local, cid, ifname, now_secs())?;
+            local.commit(&plan)
+        });
+        if let Err(e) = outcome {
+            cni::log::warn(&format!("node-local record not updated: {}", e.msg));
+        }
+    }
+
     pub fn check(&mut self) -> CniResult<()> {
-        let mut store = self.open()?;
-        let held = store.claims_of_holder(&self.at.container_id, &self.at.ifname)?;
+        let (cid, ifname) = (self.at.container_id.clone(), self.at.ifname.clone());
+        let held = match self.with_store(false, |s| {
+            let held = s.claims_of_holder(&cid, &ifname)?;
+            Ok((Plan::default(), held))
+        })? {
+            Some((_, held)) => held,
+            // API unreachable: what this node recorded.
+            None => self.open_local()?.claims_of_holder(&cid, &ifname)?,
+        };
         if held.len() < self.conf.range_sets.len() {
             return Err(CniError::new(
                 cni::code::UNKNOWN_CONTAINER,
@@ -268,23 +566,38 @@ impl StickyIpam {
         Ok(())
     }
 
-    /// STATUS: the store can be opened and locked.
+    /// STATUS: the store can be used (the file store locked, the API
+    /// answering a GET).
     pub fn status(&mut self) -> CniResult<()> {
-        self.open().map(drop).map_err(|e| {
+        let unavailable = |msg: String| {
             CniError::new(
                 cni::code::STATUS_UNAVAILABLE,
-                format!("sticky-ipam cannot use its store: {}", e.msg),
+                format!("sticky-ipam cannot use its store: {msg}"),
             )
-        })
+        };
+        match self.conf.store {
+            StoreKind::File => self.open().map(drop).map_err(|e| unavailable(e.msg)),
+            StoreKind::Kubernetes { .. } => {
+                let name = format!("{}.status-probe", crate::kube::slug(&self.conf.network));
+                match self.client() {
+                    Some(Ok(c)) => c.get_claim(&name).map(drop),
+                    Some(Err(e)) => Err(e),
+                    None => Ok(()),
+                }
+                .map_err(|e| unavailable(e.to_string()))
+            }
+        }
     }
 
     pub fn gc(&mut self, keep: &[(String, String)]) -> CniResult<()> {
         let keep: BTreeSet<(String, String)> = keep.iter().cloned().collect();
-        let mut store = self.open_for_release()?;
-        let plan = plan_gc(&mut store, &self.inspector.node.node, &keep, now_secs())?;
-        if !plan.is_empty() {
-            store.commit(&plan)?;
-            cni::log::info(&format!("GC released {} claims", plan.changes.len()));
+        let node = self.node.node.clone();
+        if let Some((plan, ())) =
+            self.with_store(true, |s| Ok((plan_gc(s, &node, &keep, now_secs())?, ())))?
+        {
+            if !plan.is_empty() {
+                cni::log::info(&format!("GC released {} claims", plan.changes.len()));
+            }
         }
         Ok(())
     }

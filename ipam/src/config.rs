@@ -81,6 +81,22 @@ impl RangeSet {
         self.range_of(ip).is_some()
     }
 
+    pub fn size(&self) -> u128 {
+        self.ranges.iter().map(|r| r.span().count()).sum()
+    }
+
+    /// The `n`th address of the set, counting range by range.
+    pub fn address_at(&self, mut n: u128) -> Option<IpAddr> {
+        for r in &self.ranges {
+            let span = r.span();
+            if n < span.count() {
+                return Some(crate::addr::from_u128(r.family(), span.first + n));
+            }
+            n -= span.count();
+        }
+        None
+    }
+
     /// "10.0.0.10-10.0.0.20,10.0.1.10-10.0.1.20", as host-local names a set.
     pub fn describe(&self) -> String {
         self.ranges
@@ -111,6 +127,7 @@ pub struct IpamConfig {
     pub identity: Option<String>,
     pub policy: IdentityPolicy,
     pub store_dir: PathBuf,
+    pub store: StoreKind,
     pub node_name: Option<String>,
     pub max_scan: u128,
 }
@@ -132,10 +149,29 @@ enum OneOrMany {
 }
 
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct RawStore {
     #[serde(rename = "type")]
     store_type: Option<String>,
     dir: Option<String>,
+    kubeconfig: Option<String>,
+    timeout_ms: Option<u64>,
+}
+
+pub const DEFAULT_KUBECONFIG: &str = "/etc/cni/net.d/sticky-macvlan.d/sticky-macvlan.kubeconfig";
+pub const DEFAULT_KUBE_TIMEOUT_MS: u64 = 10_000;
+
+/// Where claims live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreKind {
+    /// One node: the directory `store_dir`.
+    File,
+    /// Cluster-wide: `IPClaim` objects; `store_dir` keeps the node-local
+    /// record for degraded mode.
+    Kubernetes {
+        kubeconfig: PathBuf,
+        timeout: std::time::Duration,
+    },
 }
 
 #[derive(Deserialize)]
@@ -404,13 +440,42 @@ impl IpamConfig {
             }
         };
 
+        let mut store_kind = StoreKind::File;
         let store_dir = match raw.store {
             Some(store) => {
                 match store.store_type.as_deref().unwrap_or("file") {
                     "file" => {}
+                    "kubernetes" => {
+                        let kubeconfig = PathBuf::from(
+                            store
+                                .kubeconfig
+                                .as_deref()
+                                .filter(|k| !k.is_empty())
+                                .unwrap_or(DEFAULT_KUBECONFIG),
+                        );
+                        if !kubeconfig.is_absolute() {
+                            return Err(bad(format!(
+                                "ipam.store.kubeconfig {} must be an absolute path",
+                                kubeconfig.display()
+                            )));
+                        }
+                        let timeout_ms = match store.timeout_ms {
+                            None => DEFAULT_KUBE_TIMEOUT_MS,
+                            Some(ms @ 100..=120_000) => ms,
+                            Some(ms) => {
+                                return Err(bad(format!(
+                                    "ipam.store.timeoutMs {ms} is out of range: use 100 to 120000 (kubelet gives a whole sandbox a few minutes)"
+                                )))
+                            }
+                        };
+                        store_kind = StoreKind::Kubernetes {
+                            kubeconfig,
+                            timeout: std::time::Duration::from_millis(timeout_ms),
+                        };
+                    }
                     other => {
                         return Err(bad(format!(
-                            "ipam.store.type {other:?} is not supported by this build: use \"file\""
+                            "ipam.store.type {other:?} is unknown: use \"file\" or \"kubernetes\""
                         )))
                     }
                 }
@@ -443,6 +508,7 @@ impl IpamConfig {
             identity,
             policy,
             store_dir,
+            store: store_kind,
             node_name: raw.node_name.filter(|n| !n.is_empty()),
             max_scan,
         })
@@ -506,6 +572,20 @@ mod tests {
         assert_eq!(c.store_dir, PathBuf::from("/tmp/x"));
         assert_eq!(c.reserved_for("fd00::12".parse().unwrap()), Some("peer-a"));
         assert_eq!(c.set_of("fd00::ffff".parse().unwrap()), Some(1));
+        assert_eq!(c.store, StoreKind::File);
+    }
+
+    #[test]
+    fn kubernetes_store_defaults() {
+        let c = parse(json!({"subnet": "10.0.0.0/24", "store": {"type": "kubernetes"}})).unwrap();
+        assert_eq!(
+            c.store,
+            StoreKind::Kubernetes {
+                kubeconfig: PathBuf::from(DEFAULT_KUBECONFIG),
+                timeout: std::time::Duration::from_millis(DEFAULT_KUBE_TIMEOUT_MS),
+            }
+        );
+        assert_eq!(c.store_dir, PathBuf::from(DEFAULT_STORE_DIR));
     }
 
     #[test]
@@ -598,6 +678,14 @@ mod tests {
             (
                 json!({"subnet": "10.0.0.0/24", "store": {"type": "etcd"}}),
                 "ipam.store.type \"etcd\"",
+            ),
+            (
+                json!({"subnet": "10.0.0.0/24", "store": {"type": "kubernetes", "kubeconfig": "kc"}}),
+                "ipam.store.kubeconfig kc",
+            ),
+            (
+                json!({"subnet": "10.0.0.0/24", "store": {"type": "kubernetes", "timeoutMs": 5}}),
+                "ipam.store.timeoutMs 5",
             ),
             (
                 json!({"subnet": "10.0.0.0/24", "dataDir": "relative/dir"}),

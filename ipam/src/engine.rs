@@ -85,6 +85,7 @@ impl Planner<'_> {
             identity: self.req.identity.key.clone(),
             sticky: self.req.identity.sticky,
             holder: Some(self.req.holder.clone()),
+            owner: self.req.identity.owner.clone(),
             created: self.req.now,
             updated: self.req.now,
         }
@@ -110,13 +111,15 @@ impl Planner<'_> {
         // A retried ADD by the same attachment writes nothing.
         let unchanged = claim.held_by(&self.req.holder.container_id, &self.req.holder.ifname)
             && claim.holder.as_ref().map(|h| &h.netns) == Some(&self.req.holder.netns)
-            && claim.sticky == self.req.identity.sticky;
+            && claim.sticky == self.req.identity.sticky
+            && claim.owner == self.req.identity.owner;
         if !unchanged {
             self.plan.changes.push(Change {
                 before: Some(claim.clone()),
                 after: Some(Claim {
                     holder: Some(self.req.holder.clone()),
                     sticky: self.req.identity.sticky,
+                    owner: self.req.identity.owner.clone(),
                     updated: self.req.now,
                     ..claim.clone()
                 }),
@@ -176,7 +179,7 @@ impl Planner<'_> {
             if !self.is_allocatable(range, ip) {
                 continue;
             }
-            match self.store.claim(ip) {
+            match self.store.candidate(ip) {
                 Ok(None) => {
                     self.plan.changes.push(Change {
                         before: None,
@@ -251,7 +254,7 @@ impl Planner<'_> {
                 took_over,
             });
         }
-        let size: u128 = set.ranges.iter().map(|r| r.span().count()).sum();
+        let size = set.size();
         let scope = if scanned < size {
             format!(" among the {scanned} addresses scanned (ipam.maxScan)")
         } else {
@@ -586,6 +589,7 @@ mod tests {
                 } else {
                     IdentitySource::Container
                 },
+                owner: None,
             },
             holder: holder(cid),
             caller: Caller {

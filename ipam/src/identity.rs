@@ -1,11 +1,15 @@
 //! Which workload an ADD is for (DESIGN.md section 3). The first source
-//! that applies wins: `args.cni.identity`, `ipam.identity`, the pod-name
-//! policy, else a dynamic key from the container and interface.
+//! that applies wins: `args.cni.identity`, `ipam.identity`, the pod's
+//! identity annotation, a StatefulSet owner (both need the pod from the
+//! API), the pod-name policy, else a dynamic key from the container and
+//! interface.
 
 use cni::{CniArgs, CniError, CniResult};
 use serde_json::{Map, Value};
 
+use crate::claim::Owner;
 use crate::config::{IdentityPolicy, IpamConfig};
+use crate::kube::{PodFacts, IDENTITY_ANNOTATION};
 
 /// Longer identities are refused: a namespace (63) + '/' + a pod name
 /// (253) fits, a 10 KB blob does not.
@@ -16,6 +20,8 @@ pub enum IdentitySource {
     ArgsCni,
     Config,
     PodName,
+    Annotation,
+    StatefulSet,
     Container,
 }
 
@@ -25,6 +31,8 @@ impl IdentitySource {
             IdentitySource::ArgsCni => "args.cni.identity",
             IdentitySource::Config => "ipam.identity",
             IdentitySource::PodName => "pod name (identityPolicy podName)",
+            IdentitySource::Annotation => "pod annotation sticky-macvlan.io/identity",
+            IdentitySource::StatefulSet => "StatefulSet pod name",
             IdentitySource::Container => "container ID and ifname (dynamic)",
         }
     }
@@ -35,6 +43,8 @@ pub struct Identity {
     pub key: String,
     pub sticky: bool,
     pub source: IdentitySource,
+    /// The StatefulSet a StatefulSet pod's identity belongs to.
+    pub owner: Option<Owner>,
 }
 
 /// Identity strings come from users and runtimes; they are hashed before
@@ -68,6 +78,7 @@ pub fn resolve(
     args: &CniArgs,
     container_id: &str,
     ifname: &str,
+    pod: Option<&PodFacts>,
 ) -> CniResult<Identity> {
     match args_cni.get("identity") {
         None | Some(Value::Null) => {}
@@ -78,6 +89,7 @@ pub fn resolve(
                 key: id.clone(),
                 sticky: true,
                 source: IdentitySource::ArgsCni,
+                owner: None,
             });
         }
         Some(other) => {
@@ -91,14 +103,26 @@ pub fn resolve(
             key: id.clone(),
             sticky: true,
             source: IdentitySource::Config,
+            owner: None,
         });
     }
-    if conf.policy == IdentityPolicy::PodName {
+    if let Some(id) = pod.and_then(|p| p.identity_annotation.as_ref()) {
+        validate_identity(id).map_err(|why| {
+            CniError::invalid_config(format!(
+                "pod annotation {IDENTITY_ANNOTATION} {why}: fix the pod template"
+            ))
+        })?;
+        return Ok(Identity {
+            key: id.clone(),
+            sticky: true,
+            source: IdentitySource::Annotation,
+            owner: None,
+        });
+    }
+    let pod_key = || -> CniResult<Option<String>> {
         let (Some(ns), Some(name)) = (args.pod_namespace.as_deref(), args.pod_name.as_deref())
         else {
-            return Err(CniError::invalid_env(
-                "identityPolicy podName needs K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS (kubelet and Multus send them): run the plugin under Kubernetes or set args.cni.identity",
-            ));
+            return Ok(None);
         };
         let key = format!("{ns}/{name}");
         validate_identity(&key).map_err(|why| {
@@ -106,16 +130,41 @@ pub fn resolve(
                 "pod identity from K8S_POD_NAMESPACE/K8S_POD_NAME {why}"
             ))
         })?;
+        Ok(Some(key))
+    };
+    if let Some((set_name, set_uid)) = pod.and_then(|p| p.stateful_set.as_ref()) {
+        if let Some(key) = pod_key()? {
+            return Ok(Identity {
+                key,
+                sticky: true,
+                source: IdentitySource::StatefulSet,
+                owner: Some(Owner {
+                    kind: "StatefulSet".into(),
+                    namespace: args.pod_namespace.clone().unwrap_or_default(),
+                    name: set_name.clone(),
+                    uid: set_uid.clone(),
+                }),
+            });
+        }
+    }
+    if conf.policy == IdentityPolicy::PodName {
+        let Some(key) = pod_key()? else {
+            return Err(CniError::invalid_env(
+                "identityPolicy podName needs K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS (kubelet and Multus send them): run the plugin under Kubernetes or set args.cni.identity",
+            ));
+        };
         return Ok(Identity {
             key,
             sticky: true,
             source: IdentitySource::PodName,
+            owner: None,
         });
     }
     Ok(Identity {
         key: dynamic_key(container_id, ifname),
         sticky: false,
         source: IdentitySource::Container,
+        owner: None,
     })
 }
 
@@ -147,37 +196,95 @@ mod tests {
             conf: Value,
             args_cni: Value,
             args: CniArgs,
+            pod: Option<PodFacts>,
             want: (&'static str, bool, IdentitySource),
         }
+        let stateful = PodFacts {
+            uid: "u1".into(),
+            stateful_set: Some(("rs0".into(), "ss-uid".into())),
+            ..PodFacts::default()
+        };
+        let annotated = PodFacts {
+            identity_annotation: Some("peer-b".into()),
+            ..stateful.clone()
+        };
         let cases = [
             Case {
                 conf: json!({"identity": "fixed", "identityPolicy": "podName"}),
                 args_cni: json!({"identity": "peer-a"}),
                 args: k8s(),
+                pod: None,
                 want: ("peer-a", true, IdentitySource::ArgsCni),
             },
             Case {
                 conf: json!({"identity": "fixed", "identityPolicy": "podName"}),
                 args_cni: json!({}),
                 args: k8s(),
+                pod: None,
                 want: ("fixed", true, IdentitySource::Config),
             },
             Case {
                 conf: json!({"identityPolicy": "podName"}),
                 args_cni: json!({"identity": null}),
                 args: k8s(),
+                pod: None,
                 want: ("bgp/rs0-0", true, IdentitySource::PodName),
+            },
+            Case {
+                conf: json!({"identity": "fixed"}),
+                args_cni: json!({}),
+                args: k8s(),
+                pod: Some(annotated.clone()),
+                want: ("fixed", true, IdentitySource::Config),
+            },
+            Case {
+                conf: json!({"identityPolicy": "podName"}),
+                args_cni: json!({}),
+                args: k8s(),
+                pod: Some(annotated),
+                want: ("peer-b", true, IdentitySource::Annotation),
             },
             Case {
                 conf: json!({}),
                 args_cni: json!({}),
                 args: k8s(),
+                pod: Some(stateful.clone()),
+                want: ("bgp/rs0-0", true, IdentitySource::StatefulSet),
+            },
+            Case {
+                conf: json!({}),
+                args_cni: json!({}),
+                args: CniArgs::default(),
+                pod: Some(stateful),
+                want: ("container:c1/net1", false, IdentitySource::Container),
+            },
+            Case {
+                conf: json!({}),
+                args_cni: json!({}),
+                args: k8s(),
+                pod: Some(PodFacts::default()),
+                want: ("container:c1/net1", false, IdentitySource::Container),
+            },
+            Case {
+                conf: json!({}),
+                args_cni: json!({}),
+                args: k8s(),
+                pod: None,
                 want: ("container:c1/net1", false, IdentitySource::Container),
             },
         ];
         for c in cases {
-            let id = resolve(&conf(c.conf), &args_cni(c.args_cni), &c.args, "c1", "net1").unwrap();
+            let id = resolve(
+                &conf(c.conf),
+                &args_cni(c.args_cni),
+                &c.args,
+                "c1",
+                "net1",
+                c.pod.as_ref(),
+            )
+            .unwrap();
             assert_eq!((id.key.as_str(), id.sticky, id.source), c.want);
+            assert_eq!(id.owner.is_some(), c.want.2 == IdentitySource::StatefulSet);
         }
     }
 
@@ -192,7 +299,7 @@ mod tests {
             (json!({"identity": "a\nb"}), "control character"),
             (json!({"identity": 5}), "must be a string"),
         ] {
-            let e = resolve(&c, &args_cni(bad), &CniArgs::default(), "c", "i").unwrap_err();
+            let e = resolve(&c, &args_cni(bad), &CniArgs::default(), "c", "i", None).unwrap_err();
             assert_eq!(e.code, cni::code::INVALID_CONFIG);
             assert!(
                 e.msg.contains("args.cni.identity") && e.msg.contains(want),
@@ -208,6 +315,7 @@ mod tests {
                 &CniArgs::default(),
                 "c",
                 "i",
+                None,
             )
             .unwrap();
             assert_eq!(id.key, ok);
@@ -222,6 +330,7 @@ mod tests {
             &CniArgs::default(),
             "c",
             "i",
+            None,
         )
         .unwrap_err();
         assert_eq!(e.code, cni::code::INVALID_ENV);

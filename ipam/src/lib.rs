@@ -5,6 +5,7 @@ pub mod cni_ipam;
 pub mod config;
 pub mod engine;
 pub mod identity;
+pub mod kube;
 pub mod liveness;
 pub mod store;
 pub mod system;

@@ -127,6 +127,7 @@ fn seed_sticky(dir: &Path, n: u32) {
                     boot_id: String::new(),
                     since: now,
                 }),
+                owner: None,
                 created: now,
                 updated: now,
             }),

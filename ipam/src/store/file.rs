@@ -619,6 +619,7 @@ mod tests {
                 boot_id: "b".into(),
                 since: 1,
             }),
+            owner: None,
             created: 1,
             updated: 1,
         }

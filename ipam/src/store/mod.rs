@@ -1,8 +1,11 @@
-//! Claim stores. A `ClaimStore` is one network's claims, opened under that
-//! network's lock: reads, then one `commit` of a `Plan`. The engine never
-//! sees files; `file::FileStore` is the embedded store, `memory` the test one.
+//! Claim stores. A `ClaimStore` is one network's claims: reads, then one
+//! `commit` of a `Plan`. The engine never sees files or objects:
+//! `file::FileStore` is the embedded store (a lock per network),
+//! `kube::KubeStore` the cluster-wide one (conditional writes, retried),
+//! `memory` the test one.
 
 pub mod file;
+pub mod kube;
 pub mod memory;
 
 use std::net::IpAddr;
@@ -67,6 +70,11 @@ pub trait ClaimStore {
     /// The claim on `ip`; an unreadable record is an error with code
     /// `STORE_DAMAGED` naming it.
     fn claim(&mut self, ip: IpAddr) -> CniResult<Option<Claim>>;
+    /// The claim on a next-fit candidate. A store whose writes are
+    /// conditional may answer "free" without looking: its commit checks.
+    fn candidate(&mut self, ip: IpAddr) -> CniResult<Option<Claim>> {
+        self.claim(ip)
+    }
     /// Claims whose identity is `identity` (found through an index, checked
     /// against the claims themselves).
     fn claims_of_identity(&mut self, identity: &str) -> CniResult<Vec<Claim>>;
@@ -75,6 +83,12 @@ pub trait ClaimStore {
     /// Every claim (the slow path: exhaustion, GC, reconcile, the CLI).
     fn list(&mut self) -> CniResult<Listing>;
     fn cursor(&mut self, set: usize) -> CniResult<Option<IpAddr>>;
-    /// Applies a plan durably before returning.
+    /// Applies a plan durably before returning. A store without a lock
+    /// fails with `kube::STORE_CONFLICT` when it lost a race; nothing of the
+    /// plan is then left applied.
     fn commit(&mut self, plan: &Plan) -> CniResult<()>;
+    /// Called after a conflict, before planning again.
+    fn conflicted(&mut self) -> CniResult<()> {
+        Ok(())
+    }
 }

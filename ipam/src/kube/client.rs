@@ -1,0 +1,250 @@
+//! The real `KubeApi`: the `kube` crate over HTTP(S), built from the
+//! kubeconfig named in the CNI config (kubelet execs CNI plugins, so there
+//! is no in-cluster environment). Each call blocks on a current-thread
+//! runtime owned by the client; every request is bounded by the configured
+//! timeout, because kubelet gives a whole sandbox only a few minutes.
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tokio::runtime::Runtime;
+
+use super::crd::{from_object, to_object, IPClaim};
+use super::{
+    ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi, PodFacts, IDENTITY_ANNOTATION,
+    OUT_OF_SERVICE_TAINT,
+};
+
+pub struct KubeClient {
+    runtime: Runtime,
+    client: Client,
+    timeout: Duration,
+    server: String,
+}
+
+fn classify(what: &str, e: kube::Error) -> ApiError {
+    match e {
+        kube::Error::Api(status) => {
+            let msg = format!(
+                "{what}: {} {} ({})",
+                status.code, status.reason, status.message
+            );
+            match status.code {
+                409 | 404 => ApiError::Conflict(msg),
+                429 | 500..=599 => ApiError::Unreachable(msg),
+                _ => ApiError::Refused(msg),
+            }
+        }
+        other => ApiError::Unreachable(format!("{what}: {other}")),
+    }
+}
+
+impl KubeClient {
+    pub fn from_kubeconfig(path: &Path, timeout: Duration) -> Result<KubeClient, ApiError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ApiError::Refused(format!("cannot start the kube client runtime: {e}")))?;
+        let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
+            ApiError::Refused(format!(
+                "cannot read kubeconfig {}: {e}: install it with `sticky-macvlan install` or fix ipam.store.kubeconfig",
+                path.display()
+            ))
+        })?;
+        let mut config = runtime
+            .block_on(Config::from_custom_kubeconfig(
+                kubeconfig,
+                &KubeConfigOptions::default(),
+            ))
+            .map_err(|e| ApiError::Refused(format!("kubeconfig {}: {e}", path.display())))?;
+        config.connect_timeout = Some(timeout);
+        config.read_timeout = Some(timeout);
+        config.write_timeout = Some(timeout);
+        let server = config.cluster_url.to_string();
+        let client = {
+            // Building the client spawns nothing but needs a runtime context.
+            let _guard = runtime.enter();
+            Client::try_from(config)
+                .map_err(|e| ApiError::Refused(format!("kube client for {server}: {e}")))?
+        };
+        Ok(KubeClient {
+            runtime,
+            client,
+            timeout,
+            server,
+        })
+    }
+
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// Runs one request with the overall deadline (connect + read can
+    /// otherwise add up).
+    fn run<T>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> ApiResult<T> {
+        let deadline = self.timeout;
+        self.runtime
+            .block_on(async { tokio::time::timeout(deadline, fut).await })
+            .map_err(|_| {
+                ApiError::Unreachable(format!(
+                    "{what}: no answer from {} within {} ms",
+                    self.server,
+                    deadline.as_millis()
+                ))
+            })?
+            .map_err(|e| classify(what, e))
+    }
+
+    fn get_opt<T>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> ApiResult<Option<T>> {
+        let deadline = self.timeout;
+        let res = self
+            .runtime
+            .block_on(async { tokio::time::timeout(deadline, fut).await })
+            .map_err(|_| {
+                ApiError::Unreachable(format!(
+                    "{what}: no answer from {} within {} ms",
+                    self.server,
+                    deadline.as_millis()
+                ))
+            })?;
+        match res {
+            Ok(v) => Ok(Some(v)),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            Err(e) => Err(match classify(what, e) {
+                // A 409 on a read is not a write conflict.
+                ApiError::Conflict(m) => ApiError::Refused(m),
+                other => other,
+            }),
+        }
+    }
+
+    fn claims(&self) -> Api<IPClaim> {
+        Api::all(self.client.clone())
+    }
+}
+
+fn decoded(o: &IPClaim) -> ApiResult<ClaimObject> {
+    from_object(o).map_err(ApiError::Refused)
+}
+
+impl KubeApi for KubeClient {
+    fn get_claim(&self, name: &str) -> ApiResult<Option<ClaimObject>> {
+        let api = self.claims();
+        self.get_opt(&format!("get ipclaim {name}"), api.get(name))?
+            .map(|o| decoded(&o))
+            .transpose()
+    }
+
+    fn list_claims(&self, selector: &str) -> ApiResult<Vec<ClaimObject>> {
+        let api = self.claims();
+        let lp = ListParams::default().labels(selector);
+        let list = self.run(&format!("list ipclaims {selector}"), api.list(&lp))?;
+        list.items.iter().map(decoded).collect()
+    }
+
+    fn create_claim(&self, obj: &ClaimObject) -> ApiResult<ClaimObject> {
+        let api = self.claims();
+        let mut o = to_object(obj);
+        o.metadata.resource_version = None;
+        let what = format!(
+            "create ipclaim {}",
+            o.metadata.name.clone().unwrap_or_default()
+        );
+        let created = self.run(&what, api.create(&PostParams::default(), &o))?;
+        decoded(&created)
+    }
+
+    fn replace_claim(&self, obj: &ClaimObject) -> ApiResult<ClaimObject> {
+        let api = self.claims();
+        let o = to_object(obj);
+        let name = o.metadata.name.clone().unwrap_or_default();
+        let replaced = self.run(
+            &format!("replace ipclaim {name}"),
+            api.replace(&name, &PostParams::default(), &o),
+        )?;
+        decoded(&replaced)
+    }
+
+    fn delete_claim(&self, name: &str, resource_version: &str) -> ApiResult<()> {
+        let api = self.claims();
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: Some(resource_version.to_string()),
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        self.run(&format!("delete ipclaim {name}"), api.delete(name, &dp))
+            .map(drop)
+    }
+
+    fn get_pod(&self, namespace: &str, name: &str) -> ApiResult<Option<PodFacts>> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let pod = self.get_opt(&format!("get pod {namespace}/{name}"), api.get(name))?;
+        Ok(pod.map(|p| pod_facts(&p)))
+    }
+
+    fn get_node(&self, name: &str) -> ApiResult<Option<ClusterNode>> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let node = self.get_opt(&format!("get node {name}"), api.get(name))?;
+        Ok(node.map(|n| node_facts(&n)))
+    }
+
+    fn get_stateful_set(&self, namespace: &str, name: &str) -> ApiResult<Option<String>> {
+        let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), namespace);
+        let set = self.get_opt(
+            &format!("get statefulset {namespace}/{name}"),
+            api.get(name),
+        )?;
+        Ok(set.map(|s| s.metadata.uid.unwrap_or_default()))
+    }
+}
+
+pub fn pod_facts(p: &Pod) -> PodFacts {
+    let stateful_set = p.metadata.owner_references.as_ref().and_then(|owners| {
+        owners
+            .iter()
+            .find(|o| o.kind == "StatefulSet" && o.controller == Some(true))
+            .map(|o| (o.name.clone(), o.uid.clone()))
+    });
+    PodFacts {
+        uid: p.metadata.uid.clone().unwrap_or_default(),
+        node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
+        phase: p.status.as_ref().and_then(|s| s.phase.clone()),
+        terminating: p.metadata.deletion_timestamp.is_some(),
+        identity_annotation: p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(IDENTITY_ANNOTATION).cloned()),
+        stateful_set,
+    }
+}
+
+pub fn node_facts(n: &Node) -> ClusterNode {
+    let spec = n.spec.as_ref();
+    ClusterNode {
+        out_of_service: spec
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT)),
+        ready: n
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .map(|c| c.status == "True"),
+    }
+}

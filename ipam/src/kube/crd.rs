@@ -1,0 +1,189 @@
+//! The `IPClaim` custom resource: one cluster-scoped object per (network,
+//! IP). The holder lives in `.status` but the CRD has no status
+//! subresource, so one PUT with a resourceVersion precondition moves an
+//! address and its holder together.
+
+use std::collections::BTreeMap;
+
+use kube::api::ObjectMeta;
+use kube::{CustomResource, CustomResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    holder_label, identity_label, object_name, slug, ClaimObject, LABEL_FAMILY, LABEL_HOLDER,
+    LABEL_IDENTITY, LABEL_NETWORK,
+};
+use crate::claim::{Claim, Holder, Owner};
+
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[kube(
+    group = "sticky-macvlan.io",
+    version = "v1alpha1",
+    kind = "IPClaim",
+    plural = "ipclaims",
+    shortname = "ipc",
+    status = "IPClaimStatus",
+    printcolumn = r#"{"name":"IP","type":"string","jsonPath":".spec.ip"}"#,
+    printcolumn = r#"{"name":"Identity","type":"string","jsonPath":".spec.identity"}"#,
+    printcolumn = r#"{"name":"Pod","type":"string","jsonPath":".status.pod"}"#,
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.node"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct IPClaimSpec {
+    /// The CNI network name (the NAD's config `name`).
+    pub network: String,
+    pub ip: String,
+    pub identity: String,
+    /// Sticky claims stay reserved to their identity when released.
+    pub sticky: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Owner>,
+    pub created: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IPClaimStatus {
+    /// Bound (a holder uses the address) or Reserved (sticky, no holder).
+    pub phase: String,
+    /// namespace/name of the holder's pod, for `kubectl get ipclaims`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Holder>,
+    pub updated: u64,
+}
+
+pub const PHASE_BOUND: &str = "Bound";
+pub const PHASE_RESERVED: &str = "Reserved";
+
+/// The CRD as installed: without the status subresource (see the module
+/// doc), so a real API server accepts holder changes in a plain PUT.
+pub fn definition() -> serde_json::Value {
+    let mut crd = serde_json::to_value(IPClaim::crd()).unwrap_or_default();
+    if let Some(versions) = crd
+        .pointer_mut("/spec/versions")
+        .and_then(|v| v.as_array_mut())
+    {
+        for v in versions {
+            if let Some(obj) = v.as_object_mut() {
+                obj.remove("subresources");
+            }
+        }
+    }
+    crd
+}
+
+pub fn to_object(obj: &ClaimObject) -> IPClaim {
+    let c = &obj.claim;
+    let mut labels = BTreeMap::new();
+    labels.insert(LABEL_NETWORK.to_string(), slug(&obj.network));
+    labels.insert(LABEL_IDENTITY.to_string(), identity_label(&c.identity));
+    labels.insert(
+        LABEL_FAMILY.to_string(),
+        if c.ip.is_ipv4() { "v4" } else { "v6" }.to_string(),
+    );
+    if let Some(h) = &c.holder {
+        labels.insert(
+            LABEL_HOLDER.to_string(),
+            holder_label(&h.container_id, &h.ifname),
+        );
+    }
+    IPClaim {
+        metadata: ObjectMeta {
+            name: Some(object_name(&obj.network, c.ip)),
+            labels: Some(labels),
+            resource_version: obj.resource_version.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: IPClaimSpec {
+            network: obj.network.clone(),
+            ip: c.ip.to_string(),
+            identity: c.identity.clone(),
+            sticky: c.sticky,
+            owner: c.owner.clone(),
+            created: c.created,
+        },
+        status: Some(IPClaimStatus {
+            phase: if c.holder.is_some() {
+                PHASE_BOUND
+            } else {
+                PHASE_RESERVED
+            }
+            .into(),
+            pod: c.holder.as_ref().and_then(Holder::pod),
+            node: c.holder.as_ref().map(|h| h.node.clone()),
+            holder: c.holder.clone(),
+            updated: c.updated,
+        }),
+    }
+}
+
+/// Reads an object back; one whose spec cannot be a claim is reported by
+/// name rather than guessed at.
+pub fn from_object(o: &IPClaim) -> Result<ClaimObject, String> {
+    let name = o.metadata.name.clone().unwrap_or_default();
+    let ip = o
+        .spec
+        .ip
+        .parse()
+        .map_err(|_| format!("IPClaim {name}: spec.ip {:?} is not an address", o.spec.ip))?;
+    let status = o.status.as_ref();
+    Ok(ClaimObject {
+        network: o.spec.network.clone(),
+        resource_version: o.metadata.resource_version.clone(),
+        claim: Claim {
+            ip,
+            identity: o.spec.identity.clone(),
+            sticky: o.spec.sticky,
+            holder: status.and_then(|s| s.holder.clone()),
+            owner: o.spec.owner.clone(),
+            created: o.spec.created,
+            updated: status.map(|s| s.updated).unwrap_or(o.spec.created),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_definition() {
+        let obj = ClaimObject {
+            network: "macnet".into(),
+            resource_version: Some("7".into()),
+            claim: Claim {
+                ip: "fd00::5".parse().unwrap(),
+                identity: "bgp/rs0-0".into(),
+                sticky: true,
+                holder: None,
+                owner: Some(Owner {
+                    kind: "StatefulSet".into(),
+                    namespace: "bgp".into(),
+                    name: "rs0".into(),
+                    uid: "u".into(),
+                }),
+                created: 1,
+                updated: 2,
+            },
+        };
+        let o = to_object(&obj);
+        assert_eq!(o.status.as_ref().unwrap().phase, PHASE_RESERVED);
+        assert_eq!(o.metadata.labels.as_ref().unwrap()[LABEL_FAMILY], "v6");
+        assert_eq!(from_object(&o).unwrap(), obj);
+        let crd = definition();
+        assert_eq!(crd["spec"]["scope"], "Cluster");
+        assert_eq!(crd["spec"]["names"]["kind"], "IPClaim");
+        assert!(crd["spec"]["versions"][0].get("subresources").is_none());
+        let columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+            .as_array()
+            .unwrap();
+        assert_eq!(columns.len(), 6);
+    }
+}

@@ -1,0 +1,151 @@
+//! A recording in-memory `KubeApi` for unit tests: the API semantics the
+//! store relies on (create-if-absent, resourceVersion preconditions, label
+//! selectors), plus scripted 409s and an unreachable switch.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+
+use super::crd::to_object;
+use super::{ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi, PodFacts};
+
+#[derive(Default)]
+pub struct FakeApi {
+    pub claims: RefCell<BTreeMap<String, ClaimObject>>,
+    pub pods: RefCell<BTreeMap<String, PodFacts>>,
+    pub nodes: RefCell<BTreeMap<String, ClusterNode>>,
+    pub stateful_sets: RefCell<BTreeMap<String, String>>,
+    /// Every call, as "verb target".
+    pub calls: RefCell<Vec<String>>,
+    /// The next N writes answer 409 without applying.
+    pub inject_conflicts: Cell<usize>,
+    pub unreachable: Cell<bool>,
+    revision: Cell<u64>,
+}
+
+fn labels_match(obj: &ClaimObject, selector: &str) -> bool {
+    let labels = to_object(obj).metadata.labels.unwrap_or_default();
+    selector.split(',').filter(|s| !s.is_empty()).all(|term| {
+        let (k, v) = term.split_once('=').unwrap_or((term, ""));
+        labels.get(k).map(String::as_str) == Some(v)
+    })
+}
+
+impl FakeApi {
+    fn record(&self, call: String) -> ApiResult<()> {
+        self.calls.borrow_mut().push(call);
+        if self.unreachable.get() {
+            return Err(ApiError::Unreachable("connection refused".into()));
+        }
+        Ok(())
+    }
+
+    fn injected(&self) -> ApiResult<()> {
+        let n = self.inject_conflicts.get();
+        if n > 0 {
+            self.inject_conflicts.set(n - 1);
+            return Err(ApiError::Conflict("injected 409".into()));
+        }
+        Ok(())
+    }
+
+    fn next_rv(&self) -> String {
+        self.revision.set(self.revision.get() + 1);
+        self.revision.get().to_string()
+    }
+
+    fn name(obj: &ClaimObject) -> String {
+        super::object_name(&obj.network, obj.claim.ip)
+    }
+
+    pub fn count(&self, verb: &str) -> usize {
+        self.calls
+            .borrow()
+            .iter()
+            .filter(|c| c.starts_with(verb))
+            .count()
+    }
+}
+
+impl KubeApi for FakeApi {
+    fn get_claim(&self, name: &str) -> ApiResult<Option<ClaimObject>> {
+        self.record(format!("get {name}"))?;
+        Ok(self.claims.borrow().get(name).cloned())
+    }
+
+    fn list_claims(&self, selector: &str) -> ApiResult<Vec<ClaimObject>> {
+        self.record(format!("list {selector}"))?;
+        Ok(self
+            .claims
+            .borrow()
+            .values()
+            .filter(|o| labels_match(o, selector))
+            .cloned()
+            .collect())
+    }
+
+    fn create_claim(&self, obj: &ClaimObject) -> ApiResult<ClaimObject> {
+        let name = Self::name(obj);
+        self.record(format!("create {name}"))?;
+        self.injected()?;
+        let mut claims = self.claims.borrow_mut();
+        if claims.contains_key(&name) {
+            return Err(ApiError::Conflict(format!("{name} already exists")));
+        }
+        let mut stored = obj.clone();
+        stored.resource_version = Some(self.next_rv());
+        claims.insert(name, stored.clone());
+        Ok(stored)
+    }
+
+    fn replace_claim(&self, obj: &ClaimObject) -> ApiResult<ClaimObject> {
+        let name = Self::name(obj);
+        self.record(format!("replace {name}"))?;
+        self.injected()?;
+        let mut claims = self.claims.borrow_mut();
+        match claims.get(&name) {
+            None => Err(ApiError::Conflict(format!("{name} not found"))),
+            Some(cur) if cur.resource_version != obj.resource_version => {
+                Err(ApiError::Conflict(format!("{name} was modified")))
+            }
+            Some(_) => {
+                let mut stored = obj.clone();
+                stored.resource_version = Some(self.next_rv());
+                claims.insert(name, stored.clone());
+                Ok(stored)
+            }
+        }
+    }
+
+    fn delete_claim(&self, name: &str, resource_version: &str) -> ApiResult<()> {
+        self.record(format!("delete {name}"))?;
+        self.injected()?;
+        let mut claims = self.claims.borrow_mut();
+        match claims.get(name) {
+            None => Err(ApiError::Conflict(format!("{name} not found"))),
+            Some(cur) if cur.resource_version.as_deref() != Some(resource_version) => {
+                Err(ApiError::Conflict(format!("{name} was modified")))
+            }
+            Some(_) => {
+                claims.remove(name);
+                Ok(())
+            }
+        }
+    }
+
+    fn get_pod(&self, namespace: &str, name: &str) -> ApiResult<Option<PodFacts>> {
+        let key = format!("{namespace}/{name}");
+        self.record(format!("get pod {key}"))?;
+        Ok(self.pods.borrow().get(&key).cloned())
+    }
+
+    fn get_node(&self, name: &str) -> ApiResult<Option<ClusterNode>> {
+        self.record(format!("get node {name}"))?;
+        Ok(self.nodes.borrow().get(name).cloned())
+    }
+
+    fn get_stateful_set(&self, namespace: &str, name: &str) -> ApiResult<Option<String>> {
+        let key = format!("{namespace}/{name}");
+        self.record(format!("get statefulset {key}"))?;
+        Ok(self.stateful_sets.borrow().get(&key).cloned())
+    }
+}

@@ -1,0 +1,322 @@
+//! "Once the old holder is confirmed dead" with the cluster's evidence
+//! (DESIGN.md section 4). `judge_cluster` is pure; `KubeInspector` feeds it
+//! from the API, after the node-local rules (same pod, rebooted node, netns
+//! gone) that need no request.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use super::{ApiError, ClusterNode, KubeApi, PodFacts};
+use crate::claim::Holder;
+use crate::engine::Inspector;
+use crate::liveness::{is_local, judge, Caller, NetnsState, NodeFacts, Verdict};
+use crate::system::netns_state;
+
+/// One API lookup's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup<T> {
+    Found(T),
+    Missing,
+    Unreachable(String),
+}
+
+impl<T> From<Result<Option<T>, ApiError>> for Lookup<T> {
+    fn from(r: Result<Option<T>, ApiError>) -> Lookup<T> {
+        match r {
+            Ok(Some(t)) => Lookup::Found(t),
+            Ok(None) => Lookup::Missing,
+            Err(e) => Lookup::Unreachable(e.to_string()),
+        }
+    }
+}
+
+/// The verdict from the holder's pod and, when the pod is terminating, its
+/// node. `node` is None when it was not looked up.
+pub fn judge_cluster(
+    holder: &Holder,
+    pod: &Lookup<PodFacts>,
+    node: Option<&Lookup<ClusterNode>>,
+) -> Verdict {
+    let name = holder.pod().unwrap_or_default();
+    let on = &holder.node;
+    match pod {
+        Lookup::Unreachable(why) => Verdict::Alive(format!(
+            "pod {name} on node {on} cannot be checked because the kubernetes API did not answer ({why})"
+        )),
+        Lookup::Missing => Verdict::Dead(format!("pod {name} no longer exists")),
+        Lookup::Found(p) => {
+            if let Some(uid) = holder.pod_uid.as_deref().filter(|u| !u.is_empty()) {
+                if p.uid != uid {
+                    return Verdict::Dead(format!(
+                        "pod {name} was re-created (UID {uid} is gone, the pod now has UID {})",
+                        p.uid
+                    ));
+                }
+            }
+            if let Some(phase @ ("Succeeded" | "Failed")) = p.phase.as_deref() {
+                return Verdict::Dead(format!("pod {name} has finished (phase {phase})"));
+            }
+            if !p.terminating {
+                return Verdict::Alive(format!(
+                    "pod {name} on node {on} is still running (phase {})",
+                    p.phase.as_deref().unwrap_or("unknown")
+                ));
+            }
+            match node {
+                Some(Lookup::Missing) => Verdict::Dead(format!(
+                    "pod {name} is terminating and its node {on} no longer exists"
+                )),
+                Some(Lookup::Found(n)) if n.out_of_service => Verdict::Dead(format!(
+                    "pod {name} is terminating and node {on} is tainted node.kubernetes.io/out-of-service"
+                )),
+                Some(Lookup::Found(n)) => Verdict::Alive(format!(
+                    "pod {name} is terminating on node {on}, which is {}; if that node is down for good, taint it node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+                    match n.ready {
+                        Some(true) => "Ready",
+                        Some(false) => "NotReady",
+                        None => "of unknown readiness",
+                    }
+                )),
+                Some(Lookup::Unreachable(why)) => Verdict::Alive(format!(
+                    "pod {name} is terminating but node {on} cannot be checked ({why})"
+                )),
+                None => Verdict::Alive(format!(
+                    "pod {name} is terminating on node {on}"
+                )),
+            }
+        }
+    }
+}
+
+/// Liveness with the API: node-local evidence first, then pods and nodes.
+/// Lookups are cached for one invocation (a reclaim may ask about many
+/// holders on the same node).
+pub struct KubeInspector<'a> {
+    pub api: &'a dyn KubeApi,
+    pub node: NodeFacts,
+    pods: RefCell<BTreeMap<String, Lookup<PodFacts>>>,
+    nodes: RefCell<BTreeMap<String, Lookup<ClusterNode>>>,
+}
+
+impl<'a> KubeInspector<'a> {
+    pub fn new(api: &'a dyn KubeApi, node: NodeFacts) -> KubeInspector<'a> {
+        KubeInspector {
+            api,
+            node,
+            pods: RefCell::default(),
+            nodes: RefCell::default(),
+        }
+    }
+
+    fn pod(&self, ns: &str, name: &str) -> Lookup<PodFacts> {
+        let key = format!("{ns}/{name}");
+        if let Some(hit) = self.pods.borrow().get(&key) {
+            return hit.clone();
+        }
+        let got: Lookup<PodFacts> = self.api.get_pod(ns, name).into();
+        self.pods.borrow_mut().insert(key, got.clone());
+        got
+    }
+
+    fn cluster_node(&self, name: &str) -> Lookup<ClusterNode> {
+        if let Some(hit) = self.nodes.borrow().get(name) {
+            return hit.clone();
+        }
+        let got: Lookup<ClusterNode> = self.api.get_node(name).into();
+        self.nodes
+            .borrow_mut()
+            .insert(name.to_string(), got.clone());
+        got
+    }
+}
+
+impl Inspector for KubeInspector<'_> {
+    fn verdict(&self, holder: &Holder, caller: Option<&Caller>) -> Verdict {
+        if is_local(holder, &self.node) {
+            let netns = netns_state(holder);
+            // A present netns is proof of life; nothing the API says beats it.
+            if netns != NetnsState::Unknown {
+                return judge(holder, caller, &self.node, netns);
+            }
+        }
+        let same_pod = judge(holder, caller, &self.node, NetnsState::Unknown);
+        if same_pod.is_dead() {
+            return same_pod;
+        }
+        let (Some(ns), Some(name)) = (&holder.pod_namespace, &holder.pod_name) else {
+            return Verdict::Alive(format!(
+                "{} names no pod the kubernetes API can be asked about: it is released by its own DEL or `sticky-macvlan release`",
+                holder.describe()
+            ));
+        };
+        let pod = self.pod(ns, name);
+        let node = match &pod {
+            Lookup::Found(p) if p.terminating => Some(self.cluster_node(&holder.node)),
+            _ => None,
+        };
+        judge_cluster(holder, &pod, node.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder() -> Holder {
+        Holder {
+            container_id: "c1".into(),
+            ifname: "net1".into(),
+            netns: "/run/netns/p1".into(),
+            netns_id: None,
+            pod_namespace: Some("bgp".into()),
+            pod_name: Some("rs0-0".into()),
+            pod_uid: Some("uid-1".into()),
+            node: "node1".into(),
+            boot_id: "b".into(),
+            since: 0,
+        }
+    }
+
+    fn pod(phase: &str, terminating: bool) -> Lookup<PodFacts> {
+        Lookup::Found(PodFacts {
+            uid: "uid-1".into(),
+            phase: Some(phase.into()),
+            terminating,
+            ..PodFacts::default()
+        })
+    }
+
+    fn node(out_of_service: bool, ready: bool) -> Lookup<ClusterNode> {
+        Lookup::Found(ClusterNode {
+            out_of_service,
+            ready: Some(ready),
+        })
+    }
+
+    /// (name, pod, node, dead?, the reason says)
+    type Case = (
+        &'static str,
+        Lookup<PodFacts>,
+        Option<Lookup<ClusterNode>>,
+        bool,
+        &'static str,
+    );
+
+    #[test]
+    fn the_evidence_table() {
+        let replaced = Lookup::Found(PodFacts {
+            uid: "uid-2".into(),
+            phase: Some("Running".into()),
+            ..PodFacts::default()
+        });
+        let cases: Vec<Case> = vec![
+            ("pod gone", Lookup::Missing, None, true, "no longer exists"),
+            ("new UID", replaced, None, true, "re-created"),
+            ("succeeded", pod("Succeeded", false), None, true, "finished"),
+            ("failed", pod("Failed", true), None, true, "finished"),
+            (
+                "running",
+                pod("Running", false),
+                None,
+                false,
+                "still running",
+            ),
+            ("pending", pod("Pending", false), None, false, "node1"),
+            (
+                "terminating, node gone",
+                pod("Running", true),
+                Some(Lookup::Missing),
+                true,
+                "no longer exists",
+            ),
+            (
+                "terminating, out-of-service",
+                pod("Running", true),
+                Some(node(true, false)),
+                true,
+                "out-of-service",
+            ),
+            (
+                "terminating, merely NotReady",
+                pod("Running", true),
+                Some(node(false, false)),
+                false,
+                "NotReady",
+            ),
+            (
+                "terminating, node ready",
+                pod("Running", true),
+                Some(node(false, true)),
+                false,
+                "taint it",
+            ),
+            (
+                "API down",
+                Lookup::Unreachable("connection refused".into()),
+                None,
+                false,
+                "did not answer",
+            ),
+            (
+                "terminating, node lookup failed",
+                pod("Running", true),
+                Some(Lookup::Unreachable("timeout".into())),
+                false,
+                "cannot be checked",
+            ),
+        ];
+        for (name, p, n, dead, says) in cases {
+            let v = judge_cluster(&holder(), &p, n.as_ref());
+            assert_eq!(v.is_dead(), dead, "{name}: {v:?}");
+            assert!(v.reason().contains(says), "{name}: {v:?}");
+            assert!(v.reason().contains("bgp/rs0-0"), "{name}: {v:?}");
+        }
+    }
+
+    #[test]
+    fn inspector_uses_local_evidence_and_caches_lookups() {
+        use crate::kube::fake::FakeApi;
+        let api = FakeApi::default();
+        api.pods.borrow_mut().insert(
+            "bgp/rs0-0".into(),
+            PodFacts {
+                uid: "uid-1".into(),
+                phase: Some("Running".into()),
+                ..PodFacts::default()
+            },
+        );
+        let me = NodeFacts {
+            node: "node2".into(),
+            boot_id: "b".into(),
+        };
+        let inspector = KubeInspector::new(&api, me);
+        let other_pod = Caller {
+            pod_uid: Some("uid-9".into()),
+        };
+        assert!(!inspector.verdict(&holder(), Some(&other_pod)).is_dead());
+        assert!(!inspector.verdict(&holder(), None).is_dead());
+        assert_eq!(api.count("get pod"), 1, "{:?}", api.calls.borrow());
+        // The same pod's new sandbox needs no request.
+        let same_pod = Caller {
+            pod_uid: Some("uid-1".into()),
+        };
+        assert!(inspector.verdict(&holder(), Some(&same_pod)).is_dead());
+        assert_eq!(api.calls.borrow().len(), 1);
+        // On its own node, a holder whose netns is gone is dead without the API.
+        let local = KubeInspector::new(
+            &api,
+            NodeFacts {
+                node: "node1".into(),
+                boot_id: "b".into(),
+            },
+        );
+        let mut h = holder();
+        h.netns = "/nonexistent/netns/for/test".into();
+        let v = local.verdict(&h, Some(&other_pod));
+        assert!(
+            v.is_dead() && v.reason().contains("no longer exists"),
+            "{v:?}"
+        );
+        assert_eq!(api.calls.borrow().len(), 1);
+    }
+}
