@@ -9,6 +9,7 @@
 //! node netns, so the host's own namespace is never touched.
 
 pub mod cni;
+pub mod kube;
 pub mod state;
 pub mod store;
 
@@ -100,6 +101,8 @@ pub struct Topology {
     pub state_dir: PathBuf,
     namespaces: Vec<String>,
     links: u32,
+    /// The management bridge's netns, once `start_api` made one.
+    mgmt: Option<String>,
 }
 
 impl Topology {
@@ -123,6 +126,7 @@ impl Topology {
             state_dir,
             namespaces: vec![],
             links: 0,
+            mgmt: None,
         };
         let fabric = topo.fabric.clone();
         topo.add_netns(&fabric);
@@ -170,7 +174,7 @@ impl Topology {
         topo
     }
 
-    fn add_netns(&mut self, name: &str) {
+    pub(crate) fn add_netns(&mut self, name: &str) {
         ip(&["netns", "add", name]);
         self.namespaces.push(name.to_string());
         ip(&["-n", name, "link", "set", "lo", "up"]);
@@ -211,6 +215,8 @@ impl Topology {
         let netns = format!("{}-node{}", self.prefix, self.nodes.len() + 1);
         self.add_netns(&netns);
         self.uplink(&netns, "uplink0");
+        let index = self.nodes.len();
+        self.mgmt_link(&netns, &format!("192.168.254.{}/24", 10 + index));
         self.nodes.push(Node {
             netns,
             uplink: "uplink0".into(),

@@ -1,0 +1,618 @@
+//! A stand-in for the Kubernetes API server, for the e2e tests (DESIGN.md
+//! section 9): real HTTP/JSON for the real kube client, faithful on what
+//! the kubernetes store relies on — 404/409 `Status` objects with
+//! `reason`, create-if-absent (AlreadyExists), resourceVersion
+//! preconditions on PUT and DELETE, label selectors, finalizers (so a
+//! deleted pod can be left Terminating), and custom resources that exist
+//! only once their CRD is created. It counts requests by verb and can
+//! answer writes with 409s on purpose.
+//!
+//! It listens on `--listen ADDR` (inside the test's API netns) for the
+//! plugins, and on the unix socket `--control PATH` for the test harness,
+//! which also serves `/standin/stats`, `/standin/reset` and
+//! `/standin/faults`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+use tiny_http::{Header, Method, Request, Response, Server};
+
+#[derive(Default)]
+struct State {
+    /// collection path -> name -> object
+    objects: BTreeMap<String, BTreeMap<String, Value>>,
+    /// "group/version/plural" of registered CRDs -> has status subresource
+    crds: BTreeMap<String, bool>,
+    revision: u64,
+    uid: u64,
+    /// (verb, resource) -> requests
+    counts: BTreeMap<String, u64>,
+    /// The next N writes to custom resources answer 409 Conflict.
+    conflicts: u64,
+    /// Every Nth write to custom resources answers 409 Conflict (0: never).
+    conflict_every: u64,
+    writes: u64,
+}
+
+struct Reply {
+    code: u16,
+    body: Value,
+}
+
+fn status(code: u16, reason: &str, message: String) -> Reply {
+    Reply {
+        code,
+        body: json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": if code < 300 { "Success" } else { "Failure" },
+            "message": message, "reason": reason, "code": code,
+        }),
+    }
+}
+
+fn not_found(what: &str, name: &str) -> Reply {
+    status(404, "NotFound", format!("{what} \"{name}\" not found"))
+}
+
+/// A parsed request path: the collection and, maybe, one object.
+struct Target {
+    collection: String,
+    name: Option<String>,
+    /// The resource's plural, for counting and messages.
+    resource: String,
+    /// "group/version/plural" for a custom resource.
+    custom: Option<String>,
+}
+
+fn parse_target(path: &str) -> Option<Target> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let core = |collection: String, plural: &str, name: Option<&&str>| Target {
+        collection,
+        name: name.map(|s| s.to_string()),
+        resource: plural.to_string(),
+        custom: None,
+    };
+    match parts.as_slice() {
+        ["api", "v1", "nodes", rest @ ..] if rest.len() <= 1 => {
+            Some(core("/api/v1/nodes".into(), "nodes", rest.first()))
+        }
+        ["api", "v1", "namespaces", ns, "pods", rest @ ..] if rest.len() <= 1 => Some(core(
+            format!("/api/v1/namespaces/{ns}/pods"),
+            "pods",
+            rest.first(),
+        )),
+        ["apis", "apps", "v1", "namespaces", ns, "statefulsets", rest @ ..] if rest.len() <= 1 => {
+            Some(core(
+                format!("/apis/apps/v1/namespaces/{ns}/statefulsets"),
+                "statefulsets",
+                rest.first(),
+            ))
+        }
+        ["apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions", rest @ ..]
+            if rest.len() <= 1 =>
+        {
+            Some(core(
+                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions".into(),
+                "customresourcedefinitions",
+                rest.first(),
+            ))
+        }
+        ["apis", group, version, plural, rest @ ..] if rest.len() <= 1 => Some(Target {
+            collection: format!("/apis/{group}/{version}/{plural}"),
+            name: rest.first().map(|s| s.to_string()),
+            resource: plural.to_string(),
+            custom: Some(format!("{group}/{version}/{plural}")),
+        }),
+        _ => None,
+    }
+}
+
+/// Equality-based selectors (`a=b`, `a==b`, `a!=b`, `a`, `!a`), as the
+/// store uses them.
+fn selector_matches(selector: &str, labels: &Value) -> Result<bool, String> {
+    for term in selector.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let label = |k: &str| labels.get(k).and_then(Value::as_str).map(str::to_string);
+        let ok = if let Some((k, v)) = term.split_once("!=") {
+            label(k.trim()).as_deref() != Some(v.trim())
+        } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
+            label(k.trim()).as_deref() == Some(v.trim())
+        } else if let Some(k) = term.strip_prefix('!') {
+            label(k).is_none()
+        } else if term.contains(' ') || term.contains('(') {
+            return Err(format!("unsupported label selector term {term:?}"));
+        } else {
+            label(term).is_some()
+        };
+        if !ok {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn query_param(url: &str, key: &str) -> Option<String> {
+    let query = url.split_once('?')?.1;
+    query.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == key).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+impl State {
+    fn count(&mut self, verb: &str, resource: &str) {
+        *self.counts.entry(format!("{verb} {resource}")).or_default() += 1;
+    }
+
+    fn next_rv(&mut self) -> String {
+        self.revision += 1;
+        self.revision.to_string()
+    }
+
+    fn injected_conflict(&mut self, t: &Target) -> Option<Reply> {
+        t.custom.as_ref()?;
+        self.writes += 1;
+        let hit = if self.conflicts > 0 {
+            self.conflicts -= 1;
+            true
+        } else {
+            self.conflict_every > 0 && self.writes.is_multiple_of(self.conflict_every)
+        };
+        hit.then(|| {
+            *self.counts.entry("injected 409".into()).or_default() += 1;
+            status(
+                409,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {} (injected by the stand-in)",
+                    t.resource
+                ),
+            )
+        })
+    }
+
+    /// `counted` is false for the harness's own requests.
+    fn handle(&mut self, method: &Method, url: &str, body: &[u8], counted: bool) -> Reply {
+        let path = url.split('?').next().unwrap_or("");
+        let Some(t) = parse_target(path) else {
+            return status(
+                404,
+                "NotFound",
+                "the server could not find the requested resource".into(),
+            );
+        };
+        let verb = match (method, &t.name) {
+            (Method::Get, None) => "list",
+            (Method::Get, Some(_)) => "get",
+            (Method::Post, None) => "create",
+            (Method::Put, Some(_)) => "update",
+            (Method::Delete, Some(_)) => "delete",
+            _ => {
+                return status(
+                    405,
+                    "MethodNotAllowed",
+                    format!("{method} {path} is not supported"),
+                )
+            }
+        };
+        if counted {
+            self.count(verb, &t.resource);
+        }
+        let mut status_subresource = false;
+        if let Some(custom) = &t.custom {
+            match self.crds.get(custom) {
+                Some(sub) => status_subresource = *sub,
+                None => {
+                    return status(
+                        404,
+                        "NotFound",
+                        "the server could not find the requested resource".into(),
+                    )
+                }
+            }
+        }
+        let parsed: Option<Value> = if body.is_empty() {
+            None
+        } else {
+            match serde_json::from_slice(body) {
+                Ok(v) => Some(v),
+                Err(e) => return status(400, "BadRequest", format!("invalid JSON body: {e}")),
+            }
+        };
+        match verb {
+            "list" => {
+                let selector = query_param(url, "labelSelector").unwrap_or_default();
+                let mut items = Vec::new();
+                for obj in self
+                    .objects
+                    .get(&t.collection)
+                    .into_iter()
+                    .flat_map(|m| m.values())
+                {
+                    let labels = obj
+                        .pointer("/metadata/labels")
+                        .cloned()
+                        .unwrap_or(json!({}));
+                    match selector_matches(&selector, &labels) {
+                        Ok(true) => items.push(obj.clone()),
+                        Ok(false) => {}
+                        Err(e) => return status(400, "BadRequest", e),
+                    }
+                }
+                Reply {
+                    code: 200,
+                    body: json!({
+                        "apiVersion": "v1", "kind": "List",
+                        "metadata": {"resourceVersion": self.revision.to_string()},
+                        "items": items,
+                    }),
+                }
+            }
+            "get" => {
+                let name = t.name.clone().unwrap_or_default();
+                match self.objects.get(&t.collection).and_then(|m| m.get(&name)) {
+                    Some(obj) => Reply {
+                        code: 200,
+                        body: obj.clone(),
+                    },
+                    None => not_found(&t.resource, &name),
+                }
+            }
+            "create" => {
+                let Some(mut obj) = parsed else {
+                    return status(400, "BadRequest", "create needs a body".into());
+                };
+                let name = obj
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                if !valid_name(&name) {
+                    return status(
+                        422,
+                        "Invalid",
+                        format!("{} \"{name}\" is invalid: metadata.name: must be a lowercase RFC 1123 subdomain", t.resource),
+                    );
+                }
+                if let Some(r) = self.injected_conflict(&t) {
+                    return r;
+                }
+                if self
+                    .objects
+                    .get(&t.collection)
+                    .is_some_and(|m| m.contains_key(&name))
+                {
+                    return status(
+                        409,
+                        "AlreadyExists",
+                        format!("{} \"{name}\" already exists", t.resource),
+                    );
+                }
+                self.uid += 1;
+                let rv = self.next_rv();
+                let meta = obj.pointer_mut("/metadata").and_then(Value::as_object_mut);
+                if let Some(meta) = meta {
+                    meta.insert("resourceVersion".into(), json!(rv));
+                    meta.insert("uid".into(), json!(format!("standin-uid-{}", self.uid)));
+                    meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
+                    meta.remove("deletionTimestamp");
+                }
+                if t.resource == "customresourcedefinitions" {
+                    let group = obj
+                        .pointer("/spec/group")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    let plural = obj
+                        .pointer("/spec/names/plural")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    for v in obj
+                        .pointer("/spec/versions")
+                        .and_then(Value::as_array)
+                        .cloned()
+                        .unwrap_or_default()
+                    {
+                        let version = v.get("name").and_then(Value::as_str).unwrap_or("");
+                        let sub = v.pointer("/subresources/status").is_some();
+                        self.crds.insert(format!("{group}/{version}/{plural}"), sub);
+                    }
+                }
+                self.objects
+                    .entry(t.collection.clone())
+                    .or_default()
+                    .insert(name, obj.clone());
+                Reply {
+                    code: 201,
+                    body: obj,
+                }
+            }
+            "update" => {
+                let name = t.name.clone().unwrap_or_default();
+                let Some(mut obj) = parsed else {
+                    return status(400, "BadRequest", "update needs a body".into());
+                };
+                let Some(current) = self
+                    .objects
+                    .get(&t.collection)
+                    .and_then(|m| m.get(&name))
+                    .cloned()
+                else {
+                    return not_found(&t.resource, &name);
+                };
+                if let Some(r) = self.injected_conflict(&t) {
+                    return r;
+                }
+                let want = obj
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str);
+                let have = current
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str);
+                if want.is_some_and(|w| Some(w) != have) {
+                    return status(
+                        409,
+                        "Conflict",
+                        format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", t.resource),
+                    );
+                }
+                let rv = self.next_rv();
+                if let Some(meta) = obj.pointer_mut("/metadata").and_then(Value::as_object_mut) {
+                    meta.insert("resourceVersion".into(), json!(rv));
+                    for keep in ["uid", "creationTimestamp", "deletionTimestamp"] {
+                        match current.pointer(&format!("/metadata/{keep}")) {
+                            Some(v) => meta.insert(keep.into(), v.clone()),
+                            None => meta.remove(keep),
+                        };
+                    }
+                }
+                if status_subresource {
+                    if let Some(o) = obj.as_object_mut() {
+                        match current.get("status") {
+                            Some(s) => o.insert("status".into(), s.clone()),
+                            None => o.remove("status"),
+                        };
+                    }
+                }
+                // An object being deleted goes once its last finalizer is removed.
+                let finalizers_left = obj
+                    .pointer("/metadata/finalizers")
+                    .and_then(Value::as_array)
+                    .is_some_and(|f| !f.is_empty());
+                let deleting = obj.pointer("/metadata/deletionTimestamp").is_some();
+                let coll = self.objects.entry(t.collection.clone()).or_default();
+                if deleting && !finalizers_left {
+                    coll.remove(&name);
+                } else {
+                    coll.insert(name, obj.clone());
+                }
+                Reply {
+                    code: 200,
+                    body: obj,
+                }
+            }
+            "delete" => {
+                let name = t.name.clone().unwrap_or_default();
+                let Some(current) = self
+                    .objects
+                    .get(&t.collection)
+                    .and_then(|m| m.get(&name))
+                    .cloned()
+                else {
+                    return not_found(&t.resource, &name);
+                };
+                if let Some(r) = self.injected_conflict(&t) {
+                    return r;
+                }
+                let want = parsed
+                    .as_ref()
+                    .and_then(|b| b.pointer("/preconditions/resourceVersion"))
+                    .and_then(Value::as_str);
+                let have = current
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str);
+                if want.is_some_and(|w| Some(w) != have) {
+                    return status(
+                        409,
+                        "Conflict",
+                        format!("Operation cannot be fulfilled on {} \"{name}\": Precondition failed: ResourceVersion in precondition: {}, ResourceVersion in object meta: {}", t.resource, want.unwrap_or(""), have.unwrap_or("")),
+                    );
+                }
+                let has_finalizers = current
+                    .pointer("/metadata/finalizers")
+                    .and_then(Value::as_array)
+                    .is_some_and(|f| !f.is_empty());
+                if has_finalizers {
+                    let rv = self.next_rv();
+                    let mut obj = current;
+                    if let Some(meta) = obj.pointer_mut("/metadata").and_then(Value::as_object_mut)
+                    {
+                        meta.entry("deletionTimestamp")
+                            .or_insert(json!(now_rfc3339()));
+                        meta.insert("resourceVersion".into(), json!(rv));
+                    }
+                    self.objects
+                        .entry(t.collection.clone())
+                        .or_default()
+                        .insert(name, obj.clone());
+                    return Reply {
+                        code: 200,
+                        body: obj,
+                    };
+                }
+                if let Some(m) = self.objects.get_mut(&t.collection) {
+                    m.remove(&name);
+                }
+                self.revision += 1;
+                status(200, "", format!("{} \"{name}\" deleted", t.resource))
+            }
+            _ => status(405, "MethodNotAllowed", verb.to_string()),
+        }
+    }
+
+    fn control(&mut self, method: &Method, path: &str, body: &[u8]) -> Option<Reply> {
+        let reply = match (method, path) {
+            (Method::Get, "/standin/stats") => Reply {
+                code: 200,
+                body: json!(self.counts),
+            },
+            (Method::Post, "/standin/reset") => {
+                self.counts.clear();
+                Reply {
+                    code: 200,
+                    body: json!({}),
+                }
+            }
+            (Method::Post, "/standin/faults") => {
+                let v: Value = serde_json::from_slice(body).unwrap_or(json!({}));
+                self.conflicts = v.get("conflicts").and_then(Value::as_u64).unwrap_or(0);
+                self.conflict_every = v.get("conflictEvery").and_then(Value::as_u64).unwrap_or(0);
+                self.writes = 0;
+                Reply { code: 200, body: v }
+            }
+            _ => return None,
+        };
+        Some(reply)
+    }
+}
+
+fn serve(server: Arc<Server>, state: Arc<Mutex<State>>, control: bool) {
+    loop {
+        let Ok(mut req) = server.recv() else { return };
+        let mut body = Vec::new();
+        if req.as_reader().read_to_end(&mut body).is_err() {
+            continue;
+        }
+        let reply = {
+            let mut st = match state.lock() {
+                Ok(st) => st,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            let path = req.url().split('?').next().unwrap_or("").to_string();
+            let ctl = if control {
+                st.control(req.method(), &path, &body)
+            } else {
+                None
+            };
+            match ctl {
+                Some(r) => r,
+                None => st.handle(req.method(), req.url(), &body, !control),
+            }
+        };
+        respond(req, reply);
+    }
+}
+
+fn respond(req: Request, reply: Reply) {
+    let body = serde_json::to_vec(&reply.body).unwrap_or_default();
+    let mut resp = Response::from_data(body).with_status_code(reply.code);
+    if let Ok(h) = Header::from_bytes("Content-Type", "application/json") {
+        resp.add_header(h);
+    }
+    let _ = req.respond(resp);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let (Some(listen), Some(control)) = (flag("--listen"), flag("--control")) else {
+        eprintln!("usage: kube-standin --listen ADDR:PORT --control SOCKET");
+        std::process::exit(2);
+    };
+    let _ = std::fs::remove_file(&control);
+    let api = match Server::http(&listen) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            eprintln!("kube-standin: cannot listen on {listen}: {e}");
+            std::process::exit(1);
+        }
+    };
+    let ctl = match Server::http_unix(std::path::Path::new(&control)) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            eprintln!("kube-standin: cannot listen on {control}: {e}");
+            std::process::exit(1);
+        }
+    };
+    let state = Arc::new(Mutex::new(State::default()));
+    let mut workers = Vec::new();
+    for i in 0..8 {
+        let (server, st, is_ctl) = if i < 6 {
+            (api.clone(), state.clone(), false)
+        } else {
+            (ctl.clone(), state.clone(), true)
+        };
+        workers.push(std::thread::spawn(move || serve(server, st, is_ctl)));
+    }
+    eprintln!("kube-standin: serving on {listen} and {control}");
+    for w in workers {
+        let _ = w.join();
+    }
+}

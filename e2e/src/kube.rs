@@ -1,0 +1,330 @@
+//! The Kubernetes side of the e2e harness: the stand-in API server in its
+//! own netns behind a management bridge, and the objects kubelet and the
+//! controllers would create (nodes, pods, StatefulSets), written through
+//! its control socket.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::{ip, target_dir, Topology};
+
+pub const API_ADDR: &str = "192.168.254.1";
+pub const API_PORT: u16 = 6443;
+
+pub struct StandIn {
+    child: Option<Child>,
+    pub control: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub netns: String,
+}
+
+pub fn standin_binary() -> PathBuf {
+    let p = target_dir().join("kube-standin");
+    assert!(
+        p.exists(),
+        "{} is missing: build it first (cargo build -p sticky-e2e)",
+        p.display()
+    );
+    p
+}
+
+impl Topology {
+    /// The management plane: a bridge in its own netns, the stand-in API
+    /// server in another, and a `mgmt0` veth from every node (existing and
+    /// added later) at 192.168.254.(10 + node).
+    pub fn start_api(&mut self) -> StandIn {
+        let mgmt = format!("{}-mgmt", self.prefix);
+        let api = format!("{}-api", self.prefix);
+        self.add_netns(&mgmt);
+        ip(&["-n", &mgmt, "link", "add", "br0", "type", "bridge"]);
+        ip(&["-n", &mgmt, "link", "set", "br0", "up"]);
+        self.mgmt = Some(mgmt);
+        self.add_netns(&api);
+        self.mgmt_link(&api, &format!("{API_ADDR}/24"));
+        for i in 0..self.nodes.len() {
+            let netns = self.nodes[i].netns.clone();
+            self.mgmt_link(&netns, &format!("192.168.254.{}/24", 10 + i));
+        }
+        let control = self.state_dir.join("standin.sock");
+        let log =
+            std::fs::File::create(self.state_dir.join("standin.log")).expect("stand-in log file");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &api])
+            .arg(standin_binary())
+            .args(["--listen", &format!("{API_ADDR}:{API_PORT}"), "--control"])
+            .arg(&control)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start kube-standin");
+        let kubeconfig = self.state_dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            kubeconfig_yaml(&format!("http://{API_ADDR}:{API_PORT}")),
+        )
+        .expect("write kubeconfig");
+        let standin = StandIn {
+            child: Some(child),
+            control,
+            kubeconfig,
+            netns: api,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while standin.try_request("GET", "/standin/stats", None).is_err() {
+            assert!(Instant::now() < deadline, "kube-standin did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        standin.create(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            sticky_ipam::kube::crd::definition(),
+        );
+        standin
+    }
+
+    pub(crate) fn mgmt_link(&mut self, netns: &str, addr: &str) {
+        let Some(mgmt) = self.mgmt.clone() else {
+            return;
+        };
+        self.links += 1;
+        let end = format!("m{}", self.links);
+        ip(&[
+            "-n", &mgmt, "link", "add", &end, "type", "veth", "peer", "name", "mgmt0", "netns",
+            netns,
+        ]);
+        ip(&["-n", &mgmt, "link", "set", &end, "master", "br0", "up"]);
+        ip(&["-n", netns, "addr", "add", addr, "dev", "mgmt0"]);
+        ip(&["-n", netns, "link", "set", "mgmt0", "up"]);
+    }
+}
+
+/// A kubeconfig as a node's plugin would have it (no TLS on the stand-in;
+/// the token is sent and ignored).
+pub fn kubeconfig_yaml(server: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: {server}\nusers:\n- name: sticky-macvlan\n  user:\n    token: e2e-token\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: sticky-macvlan\ncurrent-context: standin\n"
+    )
+}
+
+impl StandIn {
+    fn try_request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> std::io::Result<(u16, Value)> {
+        let mut s = UnixStream::connect(&self.control)?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        write!(
+            s,
+            "{method} {path} HTTP/1.0\r\nHost: standin\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )?;
+        // HTTP/1.0, so the answer is never chunked.
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw)?;
+        let text = String::from_utf8_lossy(&raw);
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let json = text
+            .split_once("\r\n\r\n")
+            .and_then(|(_, b)| serde_json::from_str(b).ok())
+            .unwrap_or(Value::Null);
+        Ok((code, json))
+    }
+
+    #[track_caller]
+    pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        self.try_request(method, path, body)
+            .unwrap_or_else(|e| panic!("stand-in control {method} {path}: {e}"))
+    }
+
+    #[track_caller]
+    pub fn create(&self, collection: &str, obj: Value) -> Value {
+        let (code, out) = self.request("POST", collection, Some(&obj));
+        assert_eq!(code, 201, "create in {collection}: {out}");
+        out
+    }
+
+    pub fn add_node(&self, name: &str) {
+        self.create(
+            "/api/v1/nodes",
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+                   "status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
+        );
+    }
+
+    /// A running pod bound to `node`; returns its UID. `owner` makes it a
+    /// StatefulSet pod; `annotation` sets its sticky-macvlan identity.
+    pub fn add_pod(
+        &self,
+        ns: &str,
+        name: &str,
+        node: &str,
+        owner: Option<(&str, &str)>,
+        annotation: Option<&str>,
+    ) -> String {
+        let mut meta = json!({"name": name, "namespace": ns,
+                              "finalizers": ["e2e.sticky-macvlan.io/kubelet"]});
+        if let Some((set, uid)) = owner {
+            meta["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                "name": set, "uid": uid, "controller": true}]);
+        }
+        if let Some(id) = annotation {
+            meta["annotations"] = json!({sticky_ipam::kube::IDENTITY_ANNOTATION: id});
+        }
+        let pod = self.create(
+            &format!("/api/v1/namespaces/{ns}/pods"),
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                   "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+                   "status": {"phase": "Running"}}),
+        );
+        pod["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    pub fn add_stateful_set(&self, ns: &str, name: &str) -> String {
+        let set = self.create(
+            &format!("/apis/apps/v1/namespaces/{ns}/statefulsets"),
+            json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name, "namespace": ns}}),
+        );
+        set["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    fn get(&self, path: &str) -> Option<Value> {
+        let (code, v) = self.request("GET", path, None);
+        (code == 200).then_some(v)
+    }
+
+    fn put(&self, path: &str, obj: &Value) {
+        let (code, out) = self.request("PUT", path, Some(obj));
+        assert_eq!(code, 200, "update {path}: {out}");
+    }
+
+    /// What kubectl delete does: the pod turns Terminating (its finalizer
+    /// stands for a kubelet that never confirms).
+    pub fn delete_pod(&self, ns: &str, name: &str) {
+        let (code, out) = self.request(
+            "DELETE",
+            &format!("/api/v1/namespaces/{ns}/pods/{name}"),
+            None,
+        );
+        assert_eq!(code, 200, "delete pod: {out}");
+    }
+
+    /// The pod object is gone for good (force delete, or kubelet confirmed).
+    pub fn remove_pod(&self, ns: &str, name: &str) {
+        let path = format!("/api/v1/namespaces/{ns}/pods/{name}");
+        if let Some(mut pod) = self.get(&path) {
+            pod["metadata"]["finalizers"] = json!([]);
+            self.put(&path, &pod);
+            let _ = self.request("DELETE", &path, None);
+        }
+    }
+
+    pub fn taint_out_of_service(&self, node: &str) {
+        let path = format!("/api/v1/nodes/{node}");
+        let mut n = self.get(&path).expect("node exists");
+        n["spec"]["taints"] = json!([{"key": sticky_ipam::kube::OUT_OF_SERVICE_TAINT,
+                                      "value": "nodeshutdown", "effect": "NoExecute"}]);
+        n["status"]["conditions"] = json!([{"type": "Ready", "status": "Unknown"}]);
+        self.put(&path, &n);
+    }
+
+    pub fn delete_stateful_set(&self, ns: &str, name: &str) {
+        let _ = self.request(
+            "DELETE",
+            &format!("/apis/apps/v1/namespaces/{ns}/statefulsets/{name}"),
+            None,
+        );
+    }
+
+    /// Every IPClaim object.
+    pub fn claims(&self) -> Vec<Value> {
+        let (code, list) = self.request("GET", "/apis/sticky-macvlan.io/v1alpha1/ipclaims", None);
+        assert_eq!(code, 200, "list ipclaims: {list}");
+        list["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Request counts by "verb resource" from the plugins (not the harness).
+    pub fn stats(&self) -> Value {
+        self.request("GET", "/standin/stats", None).1
+    }
+
+    pub fn reset_stats(&self) {
+        self.request("POST", "/standin/reset", Some(&json!({})));
+    }
+
+    pub fn faults(&self, conflicts: u64, conflict_every: u64) {
+        self.request(
+            "POST",
+            "/standin/faults",
+            Some(&json!({"conflicts": conflicts, "conflictEvery": conflict_every})),
+        );
+    }
+
+    /// Stops the API server (the API becomes unreachable).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_file(&self.control);
+    }
+}
+
+/// Checks invariants 1-3 on the stored objects (DESIGN.md section 3).
+#[track_caller]
+pub fn assert_claim_invariants(claims: &[Value]) {
+    use std::collections::BTreeMap;
+    let mut per_ip: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut per_identity: BTreeMap<(String, String, bool), Vec<String>> = BTreeMap::new();
+    for c in claims {
+        let net = c["spec"]["network"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let ip = c["spec"]["ip"].as_str().unwrap_or_default().to_string();
+        *per_ip.entry((net.clone(), ip.clone())).or_default() += 1;
+        let id = c["spec"]["identity"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        per_identity
+            .entry((net, id, ip.contains(':')))
+            .or_default()
+            .push(ip);
+        let sticky = c["spec"]["sticky"].as_bool().unwrap_or(false);
+        assert!(
+            sticky || !c["status"]["holder"].is_null(),
+            "a dynamic claim without a holder was left: {c}"
+        );
+    }
+    assert!(
+        per_ip.values().all(|n| *n == 1),
+        "duplicate claims: {per_ip:?}"
+    );
+    for (key, ips) in &per_identity {
+        assert_eq!(ips.len(), 1, "identity {key:?} holds {ips:?}");
+    }
+}
