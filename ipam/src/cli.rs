@@ -13,27 +13,36 @@ use cni::{CniError, CniResult};
 
 use crate::claim::{now_secs, Claim, Holder};
 use crate::config::DEFAULT_STORE_DIR;
-use crate::engine::{plan_reconcile, Inspector};
+use crate::engine::{plan_reconcile, plan_retire, Inspector, Released};
 use crate::identity::dynamic_key;
+use crate::kube::client::KubeClient;
+use crate::kube::liveness::KubeInspector;
+use crate::kube::KubeApi;
 use crate::liveness::Verdict;
 use crate::store::file::FileStore;
+use crate::store::kube::{api_error, KubeStore};
 use crate::store::{Change, ClaimStore, Plan};
 use crate::system::{node_facts, LocalInspector};
 
 pub const COMMANDS_HELP: &str = "\
-Claim commands (the store is the sticky-ipam file store):
+Claim commands (the file store under --dir, or the kubernetes store with
+--kubeconfig):
   claims              list claims: network, IP, identity, sticky, holder, node, state, age
   release             remove a claim: --ip IP or --identity ID (with --network);
                       refuses while its holder is alive unless --force;
                       --file NAME removes a damaged record reported by `claims`
   reconcile           release every holder confirmed dead, once or every
-                      --interval SECONDS, printing a summary line per sweep
+                      --interval SECONDS, printing a summary line per sweep;
+                      with --kubeconfig it also retires the sticky claims of
+                      deleted StatefulSets (unless --keep-retired)
   import-host-local   adopt a host-local directory (--from DIR/NETWORK) into
                       --network, so a live node switches without IP conflicts
 
 Options:
   --dir DIR           store directory (default /var/lib/cni/sticky-ipam;
                       the ipam section's dataDir or store.dir)
+  --kubeconfig PATH   use the kubernetes store (IPClaim objects) of that cluster
+  --timeout-ms MS     per-request timeout for the kubernetes API (default 10000)
   --network NAME      only this network (required by release and import)
   --node NAME         this node's name for liveness (default: the hostname)
   --json              claims: print JSON instead of a table
@@ -47,8 +56,10 @@ struct Opts {
     flags: Vec<String>,
 }
 
-const VALUE_OPTS: [&str; 8] = [
+const VALUE_OPTS: [&str; 10] = [
     "--dir",
+    "--kubeconfig",
+    "--timeout-ms",
     "--network",
     "--node",
     "--ip",
@@ -57,7 +68,7 @@ const VALUE_OPTS: [&str; 8] = [
     "--interval",
     "--file",
 ];
-const FLAG_OPTS: [&str; 2] = ["--force", "--json"];
+const FLAG_OPTS: [&str; 3] = ["--force", "--json", "--keep-retired"];
 
 fn parse_opts(args: &[String]) -> Result<Opts, String> {
     let mut values = BTreeMap::new();
@@ -92,28 +103,36 @@ impl Opts {
         self.flags.iter().any(|x| x == f)
     }
 
-    /// The networks to act on; a named one must already have a store (a
-    /// typo must not create an empty one).
-    fn networks(&self) -> CniResult<Vec<String>> {
-        match &self.network {
-            Some(n) => {
-                self.require_store(n)?;
-                Ok(vec![n.clone()])
-            }
-            None => FileStore::networks(&self.dir),
-        }
+    fn backend(&self) -> CniResult<Backend> {
+        let Some(path) = self.values.get("--kubeconfig") else {
+            return Ok(Backend::File(self.dir.clone()));
+        };
+        let timeout = match self.values.get("--timeout-ms") {
+            None => Duration::from_millis(crate::config::DEFAULT_KUBE_TIMEOUT_MS),
+            Some(ms) => Duration::from_millis(ms.parse().map_err(|_| {
+                CniError::invalid_config(format!(
+                    "--timeout-ms {ms:?} must be a number of milliseconds"
+                ))
+            })?),
+        };
+        KubeClient::from_kubeconfig(std::path::Path::new(path), timeout)
+            .map(Backend::Kube)
+            .map_err(api_error)
     }
 
-    fn require_store(&self, network: &str) -> CniResult<()> {
-        let known = FileStore::networks(&self.dir)?;
-        if known.iter().any(|n| n == network) {
-            return Ok(());
+    /// The networks to act on; a named one must already have claims (a
+    /// typo must not create an empty store).
+    fn networks(&self, backend: &Backend) -> CniResult<Vec<String>> {
+        let known = backend.networks()?;
+        match &self.network {
+            None => Ok(known),
+            Some(n) if known.contains(n) => Ok(vec![n.clone()]),
+            Some(n) => Err(CniError::invalid_config(format!(
+                "network {n:?} has no claims in {} (networks there: {}): check --network, and --dir against the ipam section's dataDir",
+                backend.describe(),
+                if known.is_empty() { "none".to_string() } else { known.join(", ") }
+            ))),
         }
-        Err(CniError::invalid_config(format!(
-            "network {network:?} has no claims under {} (networks there: {}): check --network, and --dir against the ipam section's dataDir",
-            self.dir.display(),
-            if known.is_empty() { "none".to_string() } else { known.join(", ") }
-        )))
     }
 
     fn network(&self, command: &str) -> Result<String, CniError> {
@@ -121,10 +140,54 @@ impl Opts {
             .clone()
             .ok_or_else(|| CniError::invalid_config(format!("{command} needs --network NAME")))
     }
+}
 
-    fn inspector(&self) -> LocalInspector {
-        LocalInspector {
-            node: node_facts(self.node.as_deref()),
+/// Where the CLI finds claims.
+enum Backend {
+    File(PathBuf),
+    Kube(KubeClient),
+}
+
+impl Backend {
+    fn describe(&self) -> String {
+        match self {
+            Backend::File(dir) => dir.display().to_string(),
+            Backend::Kube(c) => format!("the kubernetes API at {}", c.server()),
+        }
+    }
+
+    fn networks(&self) -> CniResult<Vec<String>> {
+        match self {
+            Backend::File(dir) => {
+                if !dir.is_dir() {
+                    return Err(CniError::invalid_config(format!(
+                        "there is no sticky-ipam store at {}: pass --dir with the ipam section's dataDir (or store.dir), or --kubeconfig for the kubernetes store",
+                        dir.display()
+                    )));
+                }
+                FileStore::networks(dir)
+            }
+            Backend::Kube(c) => {
+                let all = c.list_claims("").map_err(api_error)?;
+                let set: std::collections::BTreeSet<String> =
+                    all.into_iter().map(|o| o.network).collect();
+                Ok(set.into_iter().collect())
+            }
+        }
+    }
+
+    fn open<'a>(&'a self, network: &str) -> CniResult<Box<dyn ClaimStore + 'a>> {
+        match self {
+            Backend::File(dir) => Ok(Box::new(FileStore::open(dir, network)?)),
+            Backend::Kube(c) => Ok(Box::new(KubeStore::new(c, network, None, vec![]))),
+        }
+    }
+
+    fn inspector<'a>(&'a self, node: Option<&str>) -> Box<dyn Inspector + 'a> {
+        let facts = node_facts(node);
+        match self {
+            Backend::File(_) => Box::new(LocalInspector { node: facts }),
+            Backend::Kube(c) => Box::new(KubeInspector::new(c, facts)),
         }
     }
 }
@@ -199,13 +262,8 @@ fn state(claim: &Claim, inspector: &dyn Inspector) -> String {
 }
 
 fn claims(opts: &Opts) -> CniResult<()> {
-    if !opts.dir.is_dir() {
-        return Err(CniError::invalid_config(format!(
-            "there is no sticky-ipam store at {}: pass --dir with the ipam section's dataDir (or store.dir)",
-            opts.dir.display()
-        )));
-    }
-    let inspector = opts.inspector();
+    let backend = opts.backend()?;
+    let inspector = backend.inspector(opts.node.as_deref());
     let now = now_secs();
     let mut rows = vec![[
         "NETWORK",
@@ -220,12 +278,12 @@ fn claims(opts: &Opts) -> CniResult<()> {
     ]
     .map(String::from)];
     let mut json = Vec::new();
-    for network in opts.networks()? {
-        let mut store = FileStore::open(&opts.dir, &network)?;
+    for network in opts.networks(&backend)? {
+        let mut store = backend.open(&network)?;
         let listing = store.list()?;
         for c in &listing.claims {
             let h = c.holder.as_ref();
-            let st = state(c, &inspector);
+            let st = state(c, inspector.as_ref());
             json.push(serde_json::json!({"network": network, "claim": c, "state": st}));
             rows.push([
                 network.clone(),
@@ -283,14 +341,21 @@ fn claims(opts: &Opts) -> CniResult<()> {
 
 fn release(opts: &Opts) -> CniResult<()> {
     let network = opts.network("release")?;
-    opts.require_store(&network)?;
-    let mut store = FileStore::open(&opts.dir, &network)?;
+    let backend = opts.backend()?;
+    opts.networks(&backend)?;
     if let Some(name) = opts.values.get("--file") {
+        let Backend::File(dir) = &backend else {
+            return Err(CniError::invalid_config(
+                "release --file is for damaged file-store records; in the kubernetes store delete the IPClaim with kubectl",
+            ));
+        };
+        let mut store = FileStore::open(dir, &network)?;
         store.remove_claim_file(name)?;
         store.rebuild_indexes()?;
         println!("removed record {name} of network {network} and rebuilt its indexes");
         return Ok(());
     }
+    let mut store = backend.open(&network)?;
     let targets: Vec<Claim> = match (opts.values.get("--ip"), opts.values.get("--identity")) {
         (Some(ip), None) => {
             let ip: IpAddr = ip.parse().map_err(|_| {
@@ -309,7 +374,7 @@ fn release(opts: &Opts) -> CniResult<()> {
         println!("nothing to release on network {network}");
         return Ok(());
     }
-    let inspector = opts.inspector();
+    let inspector = backend.inspector(opts.node.as_deref());
     if !opts.flag("--force") {
         for c in &targets {
             if let Some(h) = &c.holder {
@@ -336,7 +401,19 @@ fn release(opts: &Opts) -> CniResult<()> {
             .collect(),
         cursors: vec![],
     };
-    store.commit(&plan)?;
+    store.commit(&plan).map_err(|e| {
+        if e.code == crate::store::kube::STORE_CONFLICT {
+            CniError::new(
+                cni::code::TRY_AGAIN_LATER,
+                format!(
+                    "the claim changed while it was being released ({}): run release again",
+                    e.msg
+                ),
+            )
+        } else {
+            e
+        }
+    })?;
     for c in &targets {
         println!(
             "released {} (identity {:?}) on network {network}",
@@ -358,33 +435,90 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
             }
         },
     };
-    let inspector = opts.inspector();
+    let backend = opts.backend()?;
+    let retire = matches!(backend, Backend::Kube(_)) && !opts.flag("--keep-retired");
     loop {
+        let inspector = backend.inspector(opts.node.as_deref());
         let mut released = 0;
+        let mut retired = 0;
         let mut alive = 0;
-        let networks = opts.networks()?;
+        let mut raced = Vec::new();
+        let networks = opts.networks(&backend)?;
         for network in &networks {
-            let mut store = FileStore::open(&opts.dir, network)?;
-            let (plan, gone, live) = plan_reconcile(&mut store, &inspector, now_secs())?;
-            if !plan.is_empty() {
-                store.commit(&plan)?;
-            }
-            for r in &gone {
-                println!(
-                    "{network}: released {} of identity {:?}: {}",
-                    r.ip, r.identity, r.why
-                );
-            }
-            released += gone.len();
+            let mut store = backend.open(network)?;
+            let (plan, gone, live) =
+                plan_reconcile(store.as_mut(), inspector.as_ref(), now_secs())?;
             alive += live;
+            match commit_sweep(store.as_mut(), &plan, network, "released", &gone)? {
+                true => released += gone.len(),
+                false => raced.push(network.clone()),
+            }
+            if retire {
+                let mut store = backend.open(network)?;
+                let gone_owner = |o: &crate::claim::Owner| backend.owner_deleted(o);
+                let (plan, out) = plan_retire(store.as_mut(), inspector.as_ref(), &gone_owner)?;
+                match commit_sweep(store.as_mut(), &plan, network, "retired", &out)? {
+                    true => retired += out.len(),
+                    false => raced.push(network.clone()),
+                }
+            }
         }
         println!(
-            "reconcile: {} networks, {released} dead holders released, {alive} live holders kept",
-            networks.len()
+            "reconcile: {} networks, {released} dead holders released, {retired} sticky claims of deleted StatefulSets retired, {alive} live holders kept{}",
+            networks.len(),
+            if raced.is_empty() {
+                String::new()
+            } else {
+                format!(", {} skipped after a concurrent change (next sweep): {}", raced.len(), raced.join(", "))
+            }
         );
         match interval {
             None => return Ok(()),
             Some(d) => std::thread::sleep(d),
+        }
+    }
+}
+
+/// Commits one sweep's plan; false when it lost a race (the next sweep
+/// sees the new state).
+fn commit_sweep(
+    store: &mut dyn ClaimStore,
+    plan: &Plan,
+    network: &str,
+    verb: &str,
+    what: &[Released],
+) -> CniResult<bool> {
+    if plan.is_empty() {
+        return Ok(true);
+    }
+    match store.commit(plan) {
+        Ok(()) => {}
+        Err(e) if e.code == crate::store::kube::STORE_CONFLICT => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    for r in what {
+        println!(
+            "{network}: {verb} {} of identity {:?}: {}",
+            r.ip, r.identity, r.why
+        );
+    }
+    Ok(true)
+}
+
+impl Backend {
+    /// Whether a claim's owner was deleted (or re-created with a new UID).
+    /// Unknown (API trouble, the file store) counts as not deleted.
+    fn owner_deleted(&self, owner: &crate::claim::Owner) -> bool {
+        let Backend::Kube(c) = self else {
+            return false;
+        };
+        if owner.kind != "StatefulSet" {
+            return false;
+        }
+        match c.get_stateful_set(&owner.namespace, &owner.name) {
+            Ok(None) => true,
+            Ok(Some(uid)) => !owner.uid.is_empty() && uid != owner.uid,
+            Err(_) => false,
         }
     }
 }
@@ -408,6 +542,11 @@ fn import_host_local(opts: &Opts) -> CniResult<()> {
         .map_err(|e| CniError::io(format!("cannot read {}: {e}", from.display())))?;
     let node = node_facts(opts.node.as_deref());
     let now = now_secs();
+    if opts.values.contains_key("--kubeconfig") {
+        return Err(CniError::invalid_config(
+            "import-host-local adopts into the file store (--dir); import into a node's file store first, or let the kubernetes store allocate afresh",
+        ));
+    }
     let mut store = FileStore::open(&opts.dir, &network)?;
     let mut plan = Plan::default();
     let mut skipped = Vec::new();

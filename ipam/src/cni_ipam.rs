@@ -52,6 +52,23 @@ pub struct StickyIpam {
     committed: Option<Plan>,
 }
 
+/// This node's name: `nodeName` from the config, else (kubernetes store)
+/// the `nodename` file `sticky-macvlan install` writes next to the
+/// kubeconfig, else the hostname (`node_facts`).
+fn node_name(conf: &IpamConfig) -> Option<String> {
+    if conf.node_name.is_some() {
+        return conf.node_name.clone();
+    }
+    let StoreKind::Kubernetes { kubeconfig, .. } = &conf.store else {
+        return None;
+    };
+    let file = kubeconfig.parent()?.join("nodename");
+    std::fs::read_to_string(file)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
 /// How often a plan that lost a race is planned again before ADD gives up
 /// with code 11 (kubelet retries the whole ADD later).
 const MAX_ATTEMPTS: u32 = 8;
@@ -156,7 +173,7 @@ impl StickyIpam {
     /// Validates the `ipam` section of `network` up front.
     pub fn new(network: &str, ipam: &Value, at: Attachment) -> CniResult<StickyIpam> {
         let conf = IpamConfig::parse(network, ipam)?;
-        let node = node_facts(conf.node_name.as_deref());
+        let node = node_facts(node_name(&conf).as_deref());
         Ok(StickyIpam {
             conf,
             at,

@@ -514,6 +514,42 @@ pub fn plan_reconcile(
     Ok((plan, released, alive))
 }
 
+/// Retires the sticky claims of identities whose owner (a StatefulSet)
+/// was deleted: their address goes back to the pool once no live holder
+/// uses it. `retired` says whether an owner is gone.
+pub fn plan_retire(
+    store: &mut dyn ClaimStore,
+    inspector: &dyn Inspector,
+    retired: &dyn Fn(&crate::claim::Owner) -> bool,
+) -> CniResult<(Plan, Vec<Released>)> {
+    let listing = store.list()?;
+    let mut plan = Plan::default();
+    let mut out = Vec::new();
+    for claim in &listing.claims {
+        let Some(owner) = claim.owner.as_ref().filter(|o| retired(o)) else {
+            continue;
+        };
+        if let Some(h) = &claim.holder {
+            if !inspector.verdict(h, None).is_dead() {
+                continue;
+            }
+        }
+        plan.changes.push(Change {
+            before: Some(claim.clone()),
+            after: None,
+        });
+        out.push(Released {
+            ip: claim.ip,
+            identity: claim.identity.clone(),
+            why: format!(
+                "{} {}/{} was deleted",
+                owner.kind, owner.namespace, owner.name
+            ),
+        });
+    }
+    Ok((plan, out))
+}
+
 /// Undoes a committed ADD plan after the rest of the ADD failed, claim by
 /// claim, only where nobody changed the claim since (invariant 5).
 pub fn plan_undo(store: &mut dyn ClaimStore, done: &Plan) -> CniResult<Plan> {
@@ -633,6 +669,36 @@ mod tests {
             );
         }
         assert!(per_identity.values().all(|n| *n == 1), "{per_identity:?}");
+    }
+
+    #[test]
+    fn retired_owners_free_their_sticky_claims_once_unheld() {
+        let c = small();
+        let mut s = MemoryStore::default();
+        let alive = Alive(vec!["a"]);
+        let owner = |name: &str| crate::claim::Owner {
+            kind: "StatefulSet".into(),
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+        };
+        for (id, cid, set) in [
+            ("ns/db-0", "a", "db"),
+            ("ns/db-1", "b", "db"),
+            ("ns/web-0", "c", "web"),
+        ] {
+            let mut r = req(id, true, cid);
+            r.identity.owner = Some(owner(set));
+            add(&c, &mut s, &alive, &r).unwrap();
+        }
+        let gone = |o: &crate::claim::Owner| o.name == "db";
+        let (plan, out) = plan_retire(&mut s, &alive, &gone).unwrap();
+        // db-0's holder is alive: kept until it goes; db-1's is dead.
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].identity, "ns/db-1");
+        assert!(out[0].why.contains("StatefulSet ns/db was deleted"));
+        s.commit(&plan).unwrap();
+        assert_eq!(s.claims.len(), 2);
     }
 
     #[test]

@@ -24,6 +24,8 @@ Usage: sticky-macvlan <command>
 Commands:
   version     print the plugin version and supported CNI versions
   help        print this help
+  install     install onto this node from the DaemonSet (see install --help)
+  crd         print the IPClaim CustomResourceDefinition (YAML)
 
 {}
 Set CNI_COMMAND to run as a plugin, e.g.
@@ -48,6 +50,17 @@ pub fn main(args: &[String]) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
+        Some("install") => crate::install::main(&args[1..]),
+        Some("crd") => match serde_saphyr::to_string(&sticky_ipam::kube::crd::definition()) {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sticky-macvlan crd: {e}");
+                ExitCode::from(1)
+            }
+        },
         Some(other) => {
             if let Some(code) = sticky_ipam::cli::run("sticky-macvlan", other, &args[1..]) {
                 return code;

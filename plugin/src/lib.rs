@@ -6,5 +6,6 @@ pub use cni;
 pub mod commands;
 pub mod config;
 pub mod datapath;
+pub mod install;
 pub mod ipam;
 pub use cni::log;
