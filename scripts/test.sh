@@ -21,6 +21,12 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+# The example manifests against the Kubernetes schemas, offline (the
+# validator from PyPI carries the schemas; custom kinds such as the NAD are
+# checked by e2e/tests/examples.rs instead).
+command -v kubernetes-validate >/dev/null || python3 -m pip install -q --root-user-action=ignore kubernetes-validate==1.37.0
+kubernetes-validate --strict --quiet examples/*.yaml
+
 cargo fmt --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace

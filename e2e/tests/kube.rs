@@ -410,3 +410,163 @@ impl Drop for Resume {
 fn scopeguard(pid: String) -> Resume {
     Resume(pid)
 }
+
+/// `sticky-macvlan install` as the DaemonSet runs it: binaries copied and
+/// runnable, a kubeconfig naming the host paths of a private token and CA
+/// copy, the node name recorded.
+#[test]
+fn installer_lays_out_a_node() {
+    let root = std::env::temp_dir().join(format!("smv-install-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let sa = root.join("sa");
+    std::fs::create_dir_all(&sa).expect("sa dir");
+    std::fs::write(sa.join("token"), "token-1").expect("token");
+    std::fs::write(sa.join("ca.crt"), "-----BEGIN CERTIFICATE-----\n").expect("ca");
+    let (bin, conf) = (
+        root.join("host/opt/cni/bin"),
+        root.join("host/etc/cni/net.d"),
+    );
+    let out = Command::new(our_plugin())
+        .arg("install")
+        .args(["--cni-bin-dir".as_ref(), bin.as_os_str()])
+        .args(["--cni-conf-dir".as_ref(), conf.as_os_str()])
+        .args(["--service-account".as_ref(), sa.as_os_str()])
+        .args(["--node-name", "node7"])
+        .env("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+        .env("KUBERNETES_SERVICE_PORT", "443")
+        .env_remove("CNI_COMMAND")
+        .output()
+        .expect("run install");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let installed = Command::new(bin.join("sticky-macvlan"))
+        .arg("version")
+        .output()
+        .expect("run copy");
+    assert!(String::from_utf8_lossy(&installed.stdout).contains("sticky-macvlan"));
+    let dir = conf.join("sticky-macvlan.d");
+    let kubeconfig =
+        std::fs::read_to_string(dir.join("sticky-macvlan.kubeconfig")).expect("kubeconfig");
+    assert!(
+        kubeconfig.contains("server: https://10.96.0.1:443"),
+        "{kubeconfig}"
+    );
+    assert!(
+        kubeconfig.contains("tokenFile: /etc/cni/net.d/sticky-macvlan.d/token"),
+        "{kubeconfig}"
+    );
+    assert!(kubeconfig.contains("certificate-authority: /etc/cni/net.d/sticky-macvlan.d/ca.crt"));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("nodename")).expect("nodename"),
+        "node7\n"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    for (file, mode) in [("token", 0o600), ("sticky-macvlan.kubeconfig", 0o600)] {
+        let m = std::fs::metadata(dir.join(file))
+            .expect("stat")
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(m, mode, "{file}");
+    }
+    assert_eq!(
+        std::fs::metadata(&dir).expect("stat").permissions().mode() & 0o777,
+        0o700
+    );
+    // Outside a pod it says what is missing.
+    let out = Command::new(our_plugin())
+        .args(["install", "--cni-bin-dir"])
+        .arg(&bin)
+        .args(["--cni-conf-dir".as_ref(), conf.as_os_str()])
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("CNI_COMMAND")
+        .output()
+        .expect("run install");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("KUBERNETES_SERVICE_HOST"));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+fn cli(topo: &Topology, api: &StandIn, args: &[&str]) -> (bool, String) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &topo.node(0).netns])
+        .arg(our_plugin())
+        .args(args)
+        .args(["--kubeconfig".as_ref(), api.kubeconfig.as_os_str()])
+        .args(["--node", "node1"])
+        .env_remove("CNI_COMMAND")
+        .output()
+        .expect("run the CLI");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The operator CLI on the kubernetes store: `claims` shows who holds
+/// what, `reconcile` releases holders whose pods are gone and retires the
+/// sticky claims of a deleted StatefulSet, `release` refuses a live holder.
+#[test]
+fn operator_cli_on_the_kubernetes_store() {
+    let (mut topo, api) = cluster(1);
+    let set_uid = api.add_stateful_set(NS, "db");
+    let uid0 = api.add_pod(NS, "db-0", "node1", Some(("db", &set_uid)), None);
+    let uid1 = api.add_pod(NS, "db-1", "node1", Some(("db", &set_uid)), None);
+    let p0 = topo.add_pod("db-0");
+    let p1 = topo.add_pod("db-1");
+    let ip0 = address(&add(&topo, &api, 0, &p0, "db0", &k8s("db-0", &uid0)));
+    let ip1 = address(&add(&topo, &api, 0, &p1, "db1", &k8s("db-1", &uid1)));
+    let (ok, table) = cli(&topo, &api, &["claims"]);
+    assert!(ok, "{table}");
+    assert!(
+        table.contains(&ip0) && table.contains("default/db-0") && table.contains("held"),
+        "{table}"
+    );
+
+    let (ok, out) = cli(
+        &topo,
+        &api,
+        &["release", "--network", "macnet", "--ip", &ip0],
+    );
+    assert!(!ok && out.contains("still running"), "{out}");
+
+    // db-1's pod is gone (its netns too): reconcile releases its holder,
+    // and the sticky claim stays reserved for db-1.
+    api.remove_pod(NS, "db-1");
+    let p1_ns = p1.netns.clone();
+    topo.delete_netns(&p1_ns);
+    let (ok, out) = cli(&topo, &api, &["reconcile"]);
+    assert!(ok, "{out}");
+    assert!(out.contains(&format!("released {ip1}")), "{out}");
+    assert!(out.contains("1 dead holders released"), "{out}");
+    let reserved = api
+        .claims()
+        .into_iter()
+        .find(|c| c["spec"]["ip"] == ip1.as_str())
+        .expect("db-1 claim");
+    assert_eq!(reserved["status"]["phase"], "Reserved");
+
+    // The StatefulSet is deleted: its identities retire once unheld.
+    api.delete_stateful_set(NS, "db");
+    let (ok, out) = cli(&topo, &api, &["reconcile"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(&format!("retired {ip1}"))
+            && out.contains("StatefulSet default/db was deleted"),
+        "{out}"
+    );
+    assert!(
+        !out.contains(&format!("retired {ip0}")),
+        "db-0 is still running: {out}"
+    );
+    let left: Vec<Value> = api.claims();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0]["spec"]["ip"], ip0.as_str());
+}

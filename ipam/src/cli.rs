@@ -42,6 +42,7 @@ Options:
   --dir DIR           store directory (default /var/lib/cni/sticky-ipam;
                       the ipam section's dataDir or store.dir)
   --kubeconfig PATH   use the kubernetes store (IPClaim objects) of that cluster
+  --in-cluster        the same, with the pod's service account (reconcile Deployment)
   --timeout-ms MS     per-request timeout for the kubernetes API (default 10000)
   --network NAME      only this network (required by release and import)
   --node NAME         this node's name for liveness (default: the hostname)
@@ -68,7 +69,7 @@ const VALUE_OPTS: [&str; 10] = [
     "--interval",
     "--file",
 ];
-const FLAG_OPTS: [&str; 3] = ["--force", "--json", "--keep-retired"];
+const FLAG_OPTS: [&str; 4] = ["--force", "--json", "--keep-retired", "--in-cluster"];
 
 fn parse_opts(args: &[String]) -> Result<Opts, String> {
     let mut values = BTreeMap::new();
@@ -104,9 +105,11 @@ impl Opts {
     }
 
     fn backend(&self) -> CniResult<Backend> {
-        let Some(path) = self.values.get("--kubeconfig") else {
+        let in_cluster = self.flag("--in-cluster");
+        let path = self.values.get("--kubeconfig");
+        if !in_cluster && path.is_none() {
             return Ok(Backend::File(self.dir.clone()));
-        };
+        }
         let timeout = match self.values.get("--timeout-ms") {
             None => Duration::from_millis(crate::config::DEFAULT_KUBE_TIMEOUT_MS),
             Some(ms) => Duration::from_millis(ms.parse().map_err(|_| {
@@ -115,9 +118,12 @@ impl Opts {
                 ))
             })?),
         };
-        KubeClient::from_kubeconfig(std::path::Path::new(path), timeout)
-            .map(Backend::Kube)
-            .map_err(api_error)
+        match path {
+            Some(path) => KubeClient::from_kubeconfig(std::path::Path::new(path), timeout),
+            None => KubeClient::in_cluster(timeout),
+        }
+        .map(Backend::Kube)
+        .map_err(api_error)
     }
 
     /// The networks to act on; a named one must already have claims (a
@@ -542,7 +548,7 @@ fn import_host_local(opts: &Opts) -> CniResult<()> {
         .map_err(|e| CniError::io(format!("cannot read {}: {e}", from.display())))?;
     let node = node_facts(opts.node.as_deref());
     let now = now_secs();
-    if opts.values.contains_key("--kubeconfig") {
+    if opts.values.contains_key("--kubeconfig") || opts.flag("--in-cluster") {
         return Err(CniError::invalid_config(
             "import-host-local adopts into the file store (--dir); import into a node's file store first, or let the kubernetes store allocate afresh",
         ));

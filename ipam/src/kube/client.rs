@@ -27,6 +27,13 @@ pub struct KubeClient {
     server: String,
 }
 
+fn runtime() -> Result<Runtime, ApiError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ApiError::Refused(format!("cannot start the kube client runtime: {e}")))
+}
+
 fn classify(what: &str, e: kube::Error) -> ApiError {
     match e {
         kube::Error::Api(status) => {
@@ -45,23 +52,39 @@ fn classify(what: &str, e: kube::Error) -> ApiError {
 }
 
 impl KubeClient {
+    /// From the pod's service account (the reconcile Deployment).
+    pub fn in_cluster(timeout: Duration) -> Result<KubeClient, ApiError> {
+        let runtime = runtime()?;
+        let config = Config::incluster().map_err(|e| {
+            ApiError::Refused(format!(
+                "no in-cluster configuration ({e}): --in-cluster works inside a pod; elsewhere pass --kubeconfig"
+            ))
+        })?;
+        KubeClient::with_config(runtime, config, timeout)
+    }
+
     pub fn from_kubeconfig(path: &Path, timeout: Duration) -> Result<KubeClient, ApiError> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| ApiError::Refused(format!("cannot start the kube client runtime: {e}")))?;
+        let runtime = runtime()?;
         let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
             ApiError::Refused(format!(
                 "cannot read kubeconfig {}: {e}: install it with `sticky-macvlan install` or fix ipam.store.kubeconfig",
                 path.display()
             ))
         })?;
-        let mut config = runtime
+        let config = runtime
             .block_on(Config::from_custom_kubeconfig(
                 kubeconfig,
                 &KubeConfigOptions::default(),
             ))
             .map_err(|e| ApiError::Refused(format!("kubeconfig {}: {e}", path.display())))?;
+        KubeClient::with_config(runtime, config, timeout)
+    }
+
+    fn with_config(
+        runtime: Runtime,
+        mut config: Config,
+        timeout: Duration,
+    ) -> Result<KubeClient, ApiError> {
         config.connect_timeout = Some(timeout);
         config.read_timeout = Some(timeout);
         config.write_timeout = Some(timeout);
