@@ -64,9 +64,11 @@ impl Topology {
             .spawn()
             .expect("start kube-standin");
         let kubeconfig = self.state_dir.join("kubeconfig");
+        let ca = self.state_dir.join("ca.crt");
+        std::fs::write(&ca, STANDIN_CA).expect("write ca.crt");
         std::fs::write(
             &kubeconfig,
-            kubeconfig_yaml(&format!("http://{API_ADDR}:{API_PORT}")),
+            kubeconfig_yaml(&format!("http://{API_ADDR}:{API_PORT}"), &ca),
         )
         .expect("write kubeconfig");
         let standin = StandIn {
@@ -103,11 +105,18 @@ impl Topology {
     }
 }
 
-/// A kubeconfig as a node's plugin would have it (no TLS on the stand-in;
-/// the token is sent and ignored).
-pub fn kubeconfig_yaml(server: &str) -> String {
+/// A self-signed certificate (its key was thrown away) standing in for the
+/// cluster CA that every real kubeconfig names; the stand-in speaks plain
+/// HTTP, but with a CA configured the client skips loading the host's
+/// trust store, as it does on a real node.
+pub const STANDIN_CA: &str = include_str!("../standin-ca.pem");
+
+/// A kubeconfig as `sticky-macvlan install` writes it (the token is sent
+/// and ignored by the stand-in).
+pub fn kubeconfig_yaml(server: &str, ca: &std::path::Path) -> String {
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: {server}\nusers:\n- name: sticky-macvlan\n  user:\n    token: e2e-token\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: sticky-macvlan\ncurrent-context: standin\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: sticky-macvlan\n  user:\n    token: e2e-token\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: sticky-macvlan\ncurrent-context: standin\n",
+        ca.display()
     )
 }
 
