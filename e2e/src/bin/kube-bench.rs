@@ -112,16 +112,15 @@ fn churn(
     store_of: &dyn Fn(usize) -> Value,
     netns: &[String],
 ) -> Churn {
-    let workers = netns.len();
     let next = Arc::new(Mutex::new(0usize));
     let adds = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
     std::thread::scope(|s| {
-        for w in 0..workers {
+        for (w, pod_netns) in netns.iter().enumerate() {
             let node = w % 3;
             let conf = conf(topo, &store_of(node), node);
             let (next, adds) = (next.clone(), adds.clone());
-            let pod_netns = netns[w].clone();
+            let pod_netns = pod_netns.clone();
             s.spawn(move || loop {
                 let i = {
                     let mut n = next.lock().unwrap_or_else(|p| p.into_inner());
@@ -323,7 +322,8 @@ fn main() {
         .map(|w| topo.add_pod(&format!("churn-w{w}")).netns)
         .collect();
     let file_dir = topo.file("file-store");
-    let runs: Vec<(&str, Box<dyn Fn(usize) -> Value>, u64)> = vec![
+    type StoreOf<'a> = Box<dyn Fn(usize) -> Value + 'a>;
+    let runs: Vec<(&str, StoreOf, u64)> = vec![
         (
             "kubernetes store",
             Box::new(|node| kube_store(&topo, &api, node)),
