@@ -53,6 +53,16 @@ impl CniReply {
             .to_string()
     }
 
+    /// The first address of a successful ADD, without its prefix length.
+    #[track_caller]
+    pub fn first_address(&self) -> String {
+        self.expect_ok()["ips"][0]["address"]
+            .as_str()
+            .and_then(|a| a.split('/').next())
+            .unwrap_or_default()
+            .to_string()
+    }
+
     #[track_caller]
     pub fn expect_ok(&self) -> &Value {
         assert!(

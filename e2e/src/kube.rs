@@ -1,8 +1,11 @@
 //! The Kubernetes side of the e2e harness: the stand-in API server in its
 //! own netns behind a management bridge, and the objects kubelet and the
 //! controllers would create (nodes, pods, StatefulSets), written through
-//! its control socket.
+//! its control socket. With `STICKY_E2E_KUBECONFIG` set, the same calls go
+//! to that real cluster instead (`cluster.rs`), with per-run names, and
+//! everything created is deleted again.
 
+use std::cell::RefCell;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -11,16 +14,28 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::cluster::{self, RealCluster};
 use crate::{ip, target_dir, Topology};
 
 pub const API_ADDR: &str = "192.168.254.1";
 pub const API_PORT: u16 = 6443;
 
 pub struct StandIn {
+    /// The stand-in, or (real cluster) the forwarder.
     child: Option<Child>,
     pub control: PathBuf,
+    /// The kubeconfig the plugins use.
     pub kubeconfig: PathBuf,
     pub netns: String,
+    /// The CNI network name the scenarios use (unique per run on a real
+    /// cluster).
+    pub network: String,
+    real: Option<RealCluster>,
+    node_prefix: String,
+    /// Real cluster: what to delete when done.
+    created: RefCell<Vec<String>>,
+    /// `ipam.store.timeoutMs` for the scenarios' plugins.
+    pub request_timeout_ms: std::cell::Cell<u64>,
 }
 
 pub fn standin_binary() -> PathBuf {
@@ -51,12 +66,20 @@ impl Topology {
             self.mgmt_link(&netns, &format!("192.168.254.{}/24", 10 + i));
         }
         let control = self.state_dir.join("standin.sock");
-        let log =
-            std::fs::File::create(self.state_dir.join("standin.log")).expect("stand-in log file");
+        let log_path = std::env::var_os("STICKY_E2E_STANDIN_LOG")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| self.state_dir.join("standin.log"));
+        let log = std::fs::File::create(log_path).expect("stand-in log file");
+        let real_config = cluster::requested();
+        let mode = if real_config.is_some() {
+            "--forward-unix"
+        } else {
+            "--control"
+        };
         let child = Command::new("ip")
             .args(["netns", "exec", &api])
             .arg(standin_binary())
-            .args(["--listen", &format!("{API_ADDR}:{API_PORT}"), "--control"])
+            .args(["--listen", &format!("{API_ADDR}:{API_PORT}"), mode])
             .arg(&control)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -64,6 +87,36 @@ impl Topology {
             .spawn()
             .expect("start kube-standin");
         let kubeconfig = self.state_dir.join("kubeconfig");
+        let run = self
+            .prefix
+            .trim_start_matches(crate::NETNS_PREFIX)
+            .to_string();
+        let mut standin = StandIn {
+            child: Some(child),
+            control: control.clone(),
+            kubeconfig: kubeconfig.clone(),
+            netns: api,
+            network: "macnet".into(),
+            real: None,
+            node_prefix: String::new(),
+            created: RefCell::new(Vec::new()),
+            request_timeout_ms: std::cell::Cell::new(10_000),
+        };
+        if let Some(user) = real_config {
+            let (node_view, target) =
+                cluster::node_kubeconfig(&user, &format!("{API_ADDR}:{API_PORT}"));
+            std::fs::write(&kubeconfig, node_view.to_string()).expect("write kubeconfig");
+            standin.real = Some(RealCluster::connect(&user, &control, target));
+            standin.network = format!("macnet-{run}");
+            standin.node_prefix = format!("smvt-{run}-");
+            let (code, out) = standin.request(
+                "POST",
+                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                Some(&sticky_ipam::kube::crd::definition()),
+            );
+            assert!(code == 201 || code == 409, "install the IPClaim CRD: {out}");
+            return standin;
+        }
         let ca = self.state_dir.join("ca.crt");
         std::fs::write(&ca, STANDIN_CA).expect("write ca.crt");
         std::fs::write(
@@ -71,12 +124,6 @@ impl Topology {
             kubeconfig_yaml(&format!("http://{API_ADDR}:{API_PORT}"), &ca),
         )
         .expect("write kubeconfig");
-        let standin = StandIn {
-            child: Some(child),
-            control,
-            kubeconfig,
-            netns: api,
-        };
         let deadline = Instant::now() + Duration::from_secs(10);
         while standin.try_request("GET", "/standin/stats", None).is_err() {
             assert!(Instant::now() < deadline, "kube-standin did not start");
@@ -121,12 +168,25 @@ pub fn kubeconfig_yaml(server: &str, ca: &std::path::Path) -> String {
 }
 
 impl StandIn {
+    /// Whether the scenarios run against a real cluster.
+    pub fn is_real(&self) -> bool {
+        self.real.is_some()
+    }
+
+    /// The name of test node `i` (1-based).
+    pub fn node(&self, i: usize) -> String {
+        format!("{}node{i}", self.node_prefix)
+    }
+
     fn try_request(
         &self,
         method: &str,
         path: &str,
         body: Option<&Value>,
     ) -> std::io::Result<(u16, Value)> {
+        if let Some(real) = &self.real {
+            return Ok(real.request(method, path, body));
+        }
         let mut s = UnixStream::connect(&self.control)?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
         let body = body.map(|b| b.to_string()).unwrap_or_default();
@@ -161,6 +221,11 @@ impl StandIn {
     pub fn create(&self, collection: &str, obj: Value) -> Value {
         let (code, out) = self.request("POST", collection, Some(&obj));
         assert_eq!(code, 201, "create in {collection}: {out}");
+        if let Some(name) = out["metadata"]["name"].as_str() {
+            self.created
+                .borrow_mut()
+                .push(format!("{collection}/{name}"));
+        }
         out
     }
 
@@ -203,10 +268,17 @@ impl StandIn {
             .to_string()
     }
 
+    /// A StatefulSet with no replicas of its own (the scenarios create its
+    /// pods, bound to test nodes, as its controller would).
     pub fn add_stateful_set(&self, ns: &str, name: &str) -> String {
         let set = self.create(
             &format!("/apis/apps/v1/namespaces/{ns}/statefulsets"),
-            json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name, "namespace": ns}}),
+            json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                   "metadata": {"name": name, "namespace": ns},
+                   "spec": {"replicas": 0, "serviceName": name,
+                            "selector": {"matchLabels": {"e2e.sticky-macvlan.io/set": name}},
+                            "template": {"metadata": {"labels": {"e2e.sticky-macvlan.io/set": name}},
+                                         "spec": {"containers": [{"name": "c", "image": "x"}]}}}}),
         );
         set["metadata"]["uid"]
             .as_str()
@@ -241,7 +313,7 @@ impl StandIn {
         if let Some(mut pod) = self.get(&path) {
             pod["metadata"]["finalizers"] = json!([]);
             self.put(&path, &pod);
-            let _ = self.request("DELETE", &path, None);
+            let _ = self.request("DELETE", &path, Some(&json!({"gracePeriodSeconds": 0})));
         }
     }
 
@@ -262,23 +334,40 @@ impl StandIn {
         );
     }
 
-    /// Every IPClaim object.
+    /// Every IPClaim object of the scenarios' network.
     pub fn claims(&self) -> Vec<Value> {
-        let (code, list) = self.request("GET", "/apis/sticky-macvlan.io/v1alpha1/ipclaims", None);
+        let selector = sticky_ipam::kube::network_selector(&self.network)
+            .replace('/', "%2F")
+            .replace('=', "%3D");
+        let (code, list) = self.request(
+            "GET",
+            &format!("/apis/sticky-macvlan.io/v1alpha1/ipclaims?labelSelector={selector}"),
+            None,
+        );
         assert_eq!(code, 200, "list ipclaims: {list}");
         list["items"].as_array().cloned().unwrap_or_default()
     }
 
-    /// Request counts by "verb resource" from the plugins (not the harness).
+    /// Request counts by "verb resource" from the plugins (not the
+    /// harness); Null on a real cluster.
     pub fn stats(&self) -> Value {
+        if self.is_real() {
+            return Value::Null;
+        }
         self.request("GET", "/standin/stats", None).1
     }
 
     pub fn reset_stats(&self) {
-        self.request("POST", "/standin/reset", Some(&json!({})));
+        if !self.is_real() {
+            self.request("POST", "/standin/reset", Some(&json!({})));
+        }
     }
 
+    /// Injected 409s (stand-in only; a no-op on a real cluster).
     pub fn faults(&self, conflicts: u64, conflict_every: u64) {
+        if self.is_real() {
+            return;
+        }
         self.request(
             "POST",
             "/standin/faults",
@@ -297,7 +386,34 @@ impl StandIn {
 
 impl Drop for StandIn {
     fn drop(&mut self) {
+        if self.is_real() {
+            // Leave the user's cluster as it was: our claims, then what
+            // we created, newest first.
+            for c in self.claims() {
+                if let Some(name) = c["metadata"]["name"].as_str() {
+                    let _ = self.request(
+                        "DELETE",
+                        &format!("/apis/sticky-macvlan.io/v1alpha1/ipclaims/{name}"),
+                        None,
+                    );
+                }
+            }
+            let created: Vec<String> = self.created.borrow().iter().rev().cloned().collect();
+            for path in created
+                .iter()
+                .filter(|p| !p.contains("customresourcedefinitions"))
+            {
+                if let (_, Value::Object(mut obj)) = self.request("GET", path, None) {
+                    if obj.get("metadata").is_some() {
+                        obj.entry("metadata").or_insert(json!({}))["finalizers"] = json!([]);
+                        let _ = self.request("PUT", path, Some(&Value::Object(obj)));
+                    }
+                }
+                let _ = self.request("DELETE", path, Some(&json!({"gracePeriodSeconds": 0})));
+            }
+        }
         self.stop();
+        self.real = None;
         let _ = std::fs::remove_file(&self.control);
     }
 }

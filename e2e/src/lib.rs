@@ -8,6 +8,7 @@
 //! Veths are created inside the fabric netns with their peer born in the
 //! node netns, so the host's own namespace is never touched.
 
+pub mod cluster;
 pub mod cni;
 pub mod kube;
 pub mod state;

@@ -39,12 +39,7 @@ fn call(
 
 #[track_caller]
 fn address(reply: &CniReply) -> String {
-    let out = reply.expect_ok();
-    out["ips"][0]["address"]
-        .as_str()
-        .and_then(|a| a.split('/').next())
-        .unwrap_or_default()
-        .to_string()
+    reply.first_address()
 }
 
 fn links_in(netns: &str) -> Vec<String> {

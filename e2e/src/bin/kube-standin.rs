@@ -11,6 +11,10 @@
 //! plugins, and on the unix socket `--control PATH` for the test harness,
 //! which also serves `/standin/stats`, `/standin/reset` and
 //! `/standin/faults`.
+//!
+//! With `--forward-unix PATH` instead of `--control`, it serves nothing
+//! itself: every connection to `--listen` is piped to that unix socket,
+//! where the harness connects it to a real cluster (e2e/src/cluster.rs).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -234,6 +238,51 @@ impl State {
         })
     }
 
+    /// The object an update or delete applies to, after the injected
+    /// faults and the resourceVersion precondition, or the refusal, worded
+    /// as kube-apiserver words it.
+    fn writable(
+        &mut self,
+        t: &Target,
+        name: &str,
+        want: Option<&str>,
+        delete: bool,
+    ) -> Result<Value, Reply> {
+        let Some(current) = self
+            .objects
+            .get(&t.collection)
+            .and_then(|m| m.get(name))
+            .cloned()
+        else {
+            return Err(not_found(&t.resource, name));
+        };
+        if let Some(r) = self.injected_conflict(t) {
+            return Err(r);
+        }
+        let have = current
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        match want {
+            Some(w) if w != have => {
+                let why = if delete {
+                    format!("Precondition failed: ResourceVersion in precondition: {w}, ResourceVersion in object meta: {have}")
+                } else {
+                    "the object has been modified; please apply your changes to the latest version and try again".to_string()
+                };
+                Err(status(
+                    409,
+                    "Conflict",
+                    format!(
+                        "Operation cannot be fulfilled on {} \"{name}\": {why}",
+                        t.resource
+                    ),
+                ))
+            }
+            _ => Ok(current),
+        }
+    }
+
     /// `counted` is false for the harness's own requests.
     fn handle(&mut self, method: &Method, url: &str, body: &[u8], counted: bool) -> Reply {
         let path = url.split('?').next().unwrap_or("");
@@ -394,30 +443,14 @@ impl State {
                 let Some(mut obj) = parsed else {
                     return status(400, "BadRequest", "update needs a body".into());
                 };
-                let Some(current) = self
-                    .objects
-                    .get(&t.collection)
-                    .and_then(|m| m.get(&name))
-                    .cloned()
-                else {
-                    return not_found(&t.resource, &name);
-                };
-                if let Some(r) = self.injected_conflict(&t) {
-                    return r;
-                }
                 let want = obj
                     .pointer("/metadata/resourceVersion")
-                    .and_then(Value::as_str);
-                let have = current
-                    .pointer("/metadata/resourceVersion")
-                    .and_then(Value::as_str);
-                if want.is_some_and(|w| Some(w) != have) {
-                    return status(
-                        409,
-                        "Conflict",
-                        format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", t.resource),
-                    );
-                }
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                let current = match self.writable(&t, &name, want.as_deref(), false) {
+                    Ok(current) => current,
+                    Err(reply) => return reply,
+                };
                 let rv = self.next_rv();
                 if let Some(meta) = obj.pointer_mut("/metadata").and_then(Value::as_object_mut) {
                     meta.insert("resourceVersion".into(), json!(rv));
@@ -455,31 +488,15 @@ impl State {
             }
             "delete" => {
                 let name = t.name.clone().unwrap_or_default();
-                let Some(current) = self
-                    .objects
-                    .get(&t.collection)
-                    .and_then(|m| m.get(&name))
-                    .cloned()
-                else {
-                    return not_found(&t.resource, &name);
-                };
-                if let Some(r) = self.injected_conflict(&t) {
-                    return r;
-                }
                 let want = parsed
                     .as_ref()
                     .and_then(|b| b.pointer("/preconditions/resourceVersion"))
-                    .and_then(Value::as_str);
-                let have = current
-                    .pointer("/metadata/resourceVersion")
-                    .and_then(Value::as_str);
-                if want.is_some_and(|w| Some(w) != have) {
-                    return status(
-                        409,
-                        "Conflict",
-                        format!("Operation cannot be fulfilled on {} \"{name}\": Precondition failed: ResourceVersion in precondition: {}, ResourceVersion in object meta: {}", t.resource, want.unwrap_or(""), have.unwrap_or("")),
-                    );
-                }
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                let current = match self.writable(&t, &name, want.as_deref(), true) {
+                    Ok(current) => current,
+                    Err(reply) => return reply,
+                };
                 let has_finalizers = current
                     .pointer("/metadata/finalizers")
                     .and_then(Value::as_array)
@@ -597,6 +614,44 @@ fn listen_nodelay(addr: &str) -> Result<Server, Box<dyn std::error::Error + Send
     Server::from_listener(listener, None)
 }
 
+/// Pipes every TCP connection on `listen` to the unix socket `socket`.
+fn forward(listen: &str, socket: &str) -> ! {
+    let listener = match std::net::TcpListener::bind(listen) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("kube-standin: cannot listen on {listen}: {e}");
+            std::process::exit(1);
+        }
+    };
+    eprintln!("kube-standin: forwarding {listen} to {socket}");
+    for conn in listener.incoming() {
+        let Ok(tcp) = conn else { continue };
+        let socket = socket.to_string();
+        // Connect off the accept loop, so a slow peer never stalls accepting.
+        std::thread::spawn(move || {
+            let unix = match std::os::unix::net::UnixStream::connect(&socket) {
+                Ok(u) => u,
+                Err(e) => {
+                    eprintln!("kube-standin: cannot reach {socket}: {e}; dropping the connection");
+                    return;
+                }
+            };
+            let (Ok(tcp2), Ok(unix2)) = (tcp.try_clone(), unix.try_clone()) else {
+                return;
+            };
+            std::thread::spawn(move || {
+                let (mut a, mut b) = (unix2, tcp2);
+                let _ = std::io::copy(&mut a, &mut b);
+                let _ = b.shutdown(std::net::Shutdown::Write);
+            });
+            let (mut a, mut b) = (tcp, unix);
+            let _ = std::io::copy(&mut a, &mut b);
+            let _ = b.shutdown(std::net::Shutdown::Write);
+        });
+    }
+    std::process::exit(1)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let flag = |name: &str| {
@@ -605,8 +660,13 @@ fn main() {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
+    if let (Some(listen), Some(socket)) = (flag("--listen"), flag("--forward-unix")) {
+        forward(&listen, &socket);
+    }
     let (Some(listen), Some(control)) = (flag("--listen"), flag("--control")) else {
-        eprintln!("usage: kube-standin --listen ADDR:PORT --control SOCKET");
+        eprintln!(
+            "usage: kube-standin --listen ADDR:PORT (--control SOCKET | --forward-unix SOCKET)"
+        );
         std::process::exit(2);
     };
     let _ = std::fs::remove_file(&control);

@@ -47,8 +47,24 @@ fn classify(what: &str, e: kube::Error) -> ApiError {
                 _ => ApiError::Refused(msg),
             }
         }
-        other => ApiError::Unreachable(format!("{what}: {other}")),
+        other => ApiError::Unreachable(format!("{what}: {}", chain(&other))),
     }
+}
+
+/// "client error (Connect): tcp connect error: Connection refused": the
+/// outer errors alone do not say what happened.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        let text = inner.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cur = inner.source();
+    }
+    out
 }
 
 impl KubeClient {
@@ -108,12 +124,12 @@ impl KubeClient {
     }
 
     /// Runs one request with the overall deadline (connect + read can
-    /// otherwise add up).
-    fn run<T>(
+    /// otherwise add up); a missed deadline is "unreachable".
+    fn bounded<T>(
         &self,
         what: &str,
         fut: impl std::future::Future<Output = Result<T, kube::Error>>,
-    ) -> ApiResult<T> {
+    ) -> ApiResult<Result<T, kube::Error>> {
         let deadline = self.timeout;
         self.runtime
             .block_on(async { tokio::time::timeout(deadline, fut).await })
@@ -123,27 +139,24 @@ impl KubeClient {
                     self.server,
                     deadline.as_millis()
                 ))
-            })?
-            .map_err(|e| classify(what, e))
+            })
     }
 
+    fn run<T>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> ApiResult<T> {
+        self.bounded(what, fut)?.map_err(|e| classify(what, e))
+    }
+
+    /// A read where 404 means "not there".
     fn get_opt<T>(
         &self,
         what: &str,
         fut: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> ApiResult<Option<T>> {
-        let deadline = self.timeout;
-        let res = self
-            .runtime
-            .block_on(async { tokio::time::timeout(deadline, fut).await })
-            .map_err(|_| {
-                ApiError::Unreachable(format!(
-                    "{what}: no answer from {} within {} ms",
-                    self.server,
-                    deadline.as_millis()
-                ))
-            })?;
-        match res {
+        match self.bounded(what, fut)? {
             Ok(v) => Ok(Some(v)),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
             Err(e) => Err(match classify(what, e) {
