@@ -53,6 +53,19 @@ impl CniReply {
             .to_string()
     }
 
+    /// Every address of a successful ADD, in CIDR form.
+    #[track_caller]
+    pub fn addresses(&self) -> Vec<String> {
+        self.expect_ok()["ips"]
+            .as_array()
+            .map(|ips| {
+                ips.iter()
+                    .filter_map(|i| i["address"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// The first address of a successful ADD, without its prefix length.
     #[track_caller]
     pub fn first_address(&self) -> String {

@@ -98,6 +98,7 @@ fn rbac_is_least_privilege() {
         vec![
             ("".into(), "nodes".into(), s(&["get"])),
             ("".into(), "pods".into(), s(&["get"])),
+            ("apps".into(), "statefulsets".into(), s(&["get"])),
             (
                 "sticky-macvlan.io".into(),
                 "ipclaims".into(),

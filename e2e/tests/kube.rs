@@ -569,3 +569,168 @@ fn operator_cli_on_the_kubernetes_store() {
     assert_eq!(left.len(), 1);
     assert_eq!(left[0]["spec"]["ip"], ip0.as_str());
 }
+
+/// A full pool whose addresses are reserved by the pods of a deleted
+/// StatefulSet: a new pod's ADD reclaims one on the spot (no reconcile
+/// needed), while a live StatefulSet's reservations are never touched.
+#[test]
+fn exhausted_pool_reuses_a_deleted_statefulsets_addresses() {
+    let (mut topo, api) = cluster(1);
+    let small = json!({"rangeStart": "10.213.0.10", "rangeEnd": "10.213.0.12"});
+    let add_small = |topo: &Topology, pod: &Pod, cid: &str, args: &str| {
+        CniCall::new(
+            &our_plugin(),
+            &topo.node(0).netns,
+            "ADD",
+            conf(topo, &api, 0, small.clone()),
+        )
+        .container(cid)
+        .netns(&pod.path)
+        .args(args)
+        .run()
+    };
+    let del_small = |topo: &Topology, pod: &Pod, cid: &str| {
+        CniCall::new(
+            &our_plugin(),
+            &topo.node(0).netns,
+            "DEL",
+            conf(topo, &api, 0, small.clone()),
+        )
+        .container(cid)
+        .netns(&pod.path)
+        .run()
+        .expect_ok();
+    };
+    let old = api.add_stateful_set(NS, "old");
+    let keep = api.add_stateful_set(NS, "keep");
+    for (i, (set, uid)) in [("old", &old), ("old", &old), ("keep", &keep)]
+        .iter()
+        .enumerate()
+    {
+        let name = format!("{set}-{i}");
+        let pod_uid = api.add_pod(NS, &name, &api.node(1), Some((set, uid)), None);
+        let pod = topo.add_pod(&name);
+        add_small(&topo, &pod, &name, &k8s(&name, &pod_uid)).expect_ok();
+        del_small(&topo, &pod, &name);
+    }
+    assert_eq!(api.claims().len(), 3);
+    let web_uid = api.add_pod(NS, "web-1", &api.node(1), None, None);
+    let web = topo.add_pod("web-1");
+    // All three reserved by live StatefulSets: refused, naming them.
+    let refused = add_small(&topo, &web, "web-1", &k8s("web-1", &web_uid));
+    assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
+    assert!(
+        refused.msg().contains("reserved by sticky identities"),
+        "{}",
+        refused.msg()
+    );
+    api.delete_stateful_set(NS, "old");
+    let got = add_small(&topo, &web, "web-1", &k8s("web-1", &web_uid));
+    let ip = address(&got);
+    let claims = api.claims();
+    assert_eq!(claims.len(), 3);
+    let mine = claims
+        .iter()
+        .find(|c| c["spec"]["ip"] == ip.as_str())
+        .expect("claim");
+    assert!(mine["spec"]["identity"]
+        .as_str()
+        .unwrap_or_default()
+        .starts_with("container:"));
+    assert!(
+        claims
+            .iter()
+            .any(|c| c["spec"]["identity"] == "default/keep-2"),
+        "keep's reservation is untouched"
+    );
+    assert_claim_invariants(&claims);
+}
+
+/// Dual-stack on the kubernetes store: a StatefulSet pod holds one claim
+/// per family, moves with both to another node after a crash, and the
+/// router reaches both; CHECK passes where it runs.
+#[test]
+fn dual_stack_statefulset_pod_moves_with_both_addresses() {
+    let (mut topo, api) = cluster(2);
+    let ranges = json!({
+        "subnet": null, "rangeStart": null, "rangeEnd": null, "gateway": null,
+        "ranges": [
+            [{"subnet": "10.213.0.0/24", "rangeStart": "10.213.0.10", "rangeEnd": "10.213.0.200", "gateway": "10.213.0.1"}],
+            [{"subnet": "fd00:213::/64", "rangeStart": "fd00:213::10", "rangeEnd": "fd00:213::ff", "gateway": "fd00:213::1"}]
+        ],
+        "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]
+    });
+    let conf_ds = |topo: &Topology, node: usize| {
+        let mut c = conf(topo, &api, node, ranges.clone());
+        for key in ["subnet", "rangeStart", "rangeEnd", "gateway"] {
+            c["ipam"].as_object_mut().map(|o| o.remove(key));
+        }
+        c
+    };
+    let run = |topo: &Topology, node: usize, cmd: &str, pod: &Pod, cid: &str, args: &str| {
+        CniCall::new(
+            &our_plugin(),
+            &topo.node(node).netns,
+            cmd,
+            conf_ds(topo, node),
+        )
+        .container(cid)
+        .netns(&pod.path)
+        .args(args)
+        .run()
+    };
+    // CHECK as the runtime sends it: the cached ADD result as prevResult.
+    let check =
+        |topo: &Topology, node: usize, added: &CniReply, pod: &Pod, cid: &str, args: &str| {
+            let mut c = conf_ds(topo, node);
+            c["prevResult"] = added.expect_ok().clone();
+            let r = CniCall::new(&our_plugin(), &topo.node(node).netns, "CHECK", c)
+                .container(cid)
+                .netns(&pod.path)
+                .args(args)
+                .run();
+            assert!(r.success, "CHECK: {}", r.stdout);
+        };
+    let set = api.add_stateful_set(NS, "ds");
+    let uid = api.add_pod(NS, "ds-0", &api.node(1), Some(("ds", &set)), None);
+    let first = topo.add_pod("ds-0-a");
+    let added = run(&topo, 0, "ADD", &first, "ds-a", &k8s("ds-0", &uid));
+    let got = added.addresses();
+    assert_eq!(got.len(), 2, "{got:?}");
+    check(&topo, 0, &added, &first, "ds-a", &k8s("ds-0", &uid));
+    let claims = api.claims();
+    assert_eq!(claims.len(), 2);
+    assert_claim_invariants(&claims);
+
+    topo.crash_node(0, &[&first]);
+    api.remove_pod(NS, "ds-0");
+    let uid2 = api.add_pod(NS, "ds-0", &api.node(2), Some(("ds", &set)), None);
+    let second = topo.add_pod("ds-0-b");
+    let moved = run(&topo, 1, "ADD", &second, "ds-b", &k8s("ds-0", &uid2));
+    let again = moved.addresses();
+    assert_eq!(again, got);
+    check(&topo, 1, &moved, &second, "ds-b", &k8s("ds-0", &uid2));
+    let router = topo.router.clone();
+    let v4 = got[0].split('/').next().unwrap_or_default().to_string();
+    assert!(
+        topo.ping_eventually(&router, &v4, 5),
+        "router cannot reach {v4}"
+    );
+    let v6 = got[1].split('/').next().unwrap_or_default().to_string();
+    let v6_ok = (0..5).any(|_| {
+        Command::new("ip")
+            .args([
+                "netns", "exec", &router, "ping", "-6", "-c", "1", "-W", "2", &v6,
+            ])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    });
+    assert!(v6_ok, "router cannot reach {v6}");
+    let claims = api.claims();
+    assert_eq!(claims.len(), 2);
+    assert!(claims
+        .iter()
+        .all(|c| c["status"]["node"] == api.node(2).as_str()));
+    assert_claim_invariants(&claims);
+}

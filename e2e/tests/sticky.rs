@@ -884,16 +884,7 @@ fn dual_stack_identity_keeps_both_addresses() {
     ipam["type"] = json!("sticky-ipam");
     ipam["identityPolicy"] = json!("podName");
     let conf = configs::macvlan(configs::OUR_TYPE, "1.0.0", "uplink0", ipam);
-    let addresses = |reply: &CniReply| -> Vec<String> {
-        reply.expect_ok()["ips"]
-            .as_array()
-            .map(|ips| {
-                ips.iter()
-                    .filter_map(|i| i["address"].as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let addresses = |reply: &CniReply| reply.addresses();
     let first = topo.add_pod("ds1");
     let got = addresses(&call(
         &topo,

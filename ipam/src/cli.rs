@@ -461,8 +461,7 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
             }
             if retire {
                 let mut store = backend.open(network)?;
-                let gone_owner = |o: &crate::claim::Owner| backend.owner_deleted(o);
-                let (plan, out) = plan_retire(store.as_mut(), inspector.as_ref(), &gone_owner)?;
+                let (plan, out) = plan_retire(store.as_mut(), inspector.as_ref())?;
                 match commit_sweep(store.as_mut(), &plan, network, "retired", &out)? {
                     true => retired += out.len(),
                     false => raced.push(network.clone()),
@@ -509,24 +508,6 @@ fn commit_sweep(
         );
     }
     Ok(true)
-}
-
-impl Backend {
-    /// Whether a claim's owner was deleted (or re-created with a new UID).
-    /// Unknown (API trouble, the file store) counts as not deleted.
-    fn owner_deleted(&self, owner: &crate::claim::Owner) -> bool {
-        let Backend::Kube(c) = self else {
-            return false;
-        };
-        if owner.kind != "StatefulSet" {
-            return false;
-        }
-        match c.get_stateful_set(&owner.namespace, &owner.name) {
-            Ok(None) => true,
-            Ok(Some(uid)) => !owner.uid.is_empty() && uid != owner.uid,
-            Err(_) => false,
-        }
-    }
 }
 
 /// host-local's record: "containerID\r\nifname" (older: "containerID").

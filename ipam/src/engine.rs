@@ -19,6 +19,12 @@ use crate::store::{Change, ClaimStore, Plan, STORE_DAMAGED};
 /// The liveness seam: the real one looks at netns paths, tests script it.
 pub trait Inspector {
     fn verdict(&self, holder: &Holder, caller: Option<&Caller>) -> Verdict;
+    /// Whether a sticky identity's owner (a StatefulSet) was deleted, so
+    /// its reserved address may go back to the pool. Without the API
+    /// nothing is known, so nothing retires.
+    fn owner_retired(&self, _owner: &crate::claim::Owner) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -202,7 +208,8 @@ impl Planner<'_> {
     }
 
     /// The pool is full: take the address of a dynamic claim whose holder is
-    /// confirmed dead (no cron job, no human). Sticky claims stay reserved.
+    /// confirmed dead (no cron job, no human). Sticky claims stay reserved,
+    /// unless their StatefulSet was deleted and nobody holds them.
     fn reclaim(&mut self, index: usize, set: &RangeSet, scanned: u128) -> CniResult<Grant> {
         let listing = self.store.list()?;
         let mut live = 0usize;
@@ -218,7 +225,12 @@ impl Planner<'_> {
                 .as_ref()
                 .map(|h| self.inspector.verdict(h, Some(&self.req.caller)));
             let dead = verdict.as_ref().is_none_or(Verdict::is_dead);
-            if claim.sticky {
+            let retired = claim
+                .owner
+                .as_ref()
+                .filter(|_| claim.sticky && dead)
+                .is_some_and(|o| self.inspector.owner_retired(o));
+            if claim.sticky && !retired {
                 if dead {
                     idle_sticky.push(claim.identity.clone());
                 } else {
@@ -234,15 +246,26 @@ impl Planner<'_> {
             if !self.is_allocatable(&range, claim.ip) {
                 continue;
             }
-            let took_over = Some(match (&claim.holder, &verdict) {
-                (Some(h), Some(v)) => format!(
-                    "reclaimed {} from {} (pool exhausted): {}",
+            let took_over =
+                Some(match (&claim.holder, &verdict) {
+                    _ if retired => {
+                        format!(
+                    "reclaimed {} of identity {:?} (pool exhausted): its {} {}/{} was deleted",
                     claim.ip,
-                    h.describe(),
-                    v.reason()
-                ),
-                _ => format!("reclaimed {} (pool exhausted): it had no holder", claim.ip),
-            });
+                    claim.identity,
+                    claim.owner.as_ref().map(|o| o.kind.as_str()).unwrap_or_default(),
+                    claim.owner.as_ref().map(|o| o.namespace.as_str()).unwrap_or_default(),
+                    claim.owner.as_ref().map(|o| o.name.as_str()).unwrap_or_default()
+                )
+                    }
+                    (Some(h), Some(v)) => format!(
+                        "reclaimed {} from {} (pool exhausted): {}",
+                        claim.ip,
+                        h.describe(),
+                        v.reason()
+                    ),
+                    _ => format!("reclaimed {} (pool exhausted): it had no holder", claim.ip),
+                });
             self.plan.changes.push(Change {
                 before: Some(claim.clone()),
                 after: Some(self.new_claim(claim.ip)),
@@ -515,18 +538,17 @@ pub fn plan_reconcile(
 }
 
 /// Retires the sticky claims of identities whose owner (a StatefulSet)
-/// was deleted: their address goes back to the pool once no live holder
-/// uses it. `retired` says whether an owner is gone.
+/// was deleted (`Inspector::owner_retired`): their address goes back to
+/// the pool once no live holder uses it.
 pub fn plan_retire(
     store: &mut dyn ClaimStore,
     inspector: &dyn Inspector,
-    retired: &dyn Fn(&crate::claim::Owner) -> bool,
 ) -> CniResult<(Plan, Vec<Released>)> {
     let listing = store.list()?;
     let mut plan = Plan::default();
     let mut out = Vec::new();
     for claim in &listing.claims {
-        let Some(owner) = claim.owner.as_ref().filter(|o| retired(o)) else {
+        let Some(owner) = claim.owner.as_ref().filter(|o| inspector.owner_retired(o)) else {
             continue;
         };
         if let Some(h) = &claim.holder {
@@ -639,7 +661,7 @@ mod tests {
     fn add(
         conf: &IpamConfig,
         s: &mut MemoryStore,
-        alive: &Alive,
+        alive: &dyn Inspector,
         r: &AddRequest,
     ) -> CniResult<Vec<Grant>> {
         let (plan, grants) = plan_add(conf, s, alive, r)?;
@@ -672,10 +694,58 @@ mod tests {
     }
 
     #[test]
+    fn an_exhausted_pool_reclaims_sticky_claims_of_deleted_owners() {
+        struct Retired;
+        impl Inspector for Retired {
+            fn verdict(&self, h: &Holder, _c: Option<&Caller>) -> Verdict {
+                if h.container_id == "e" {
+                    Verdict::Alive("running".into())
+                } else {
+                    Verdict::Dead("gone".into())
+                }
+            }
+            fn owner_retired(&self, o: &crate::claim::Owner) -> bool {
+                o.name == "old"
+            }
+        }
+        let c = small(); // four addresses
+        let mut s = MemoryStore::default();
+        let alive = Alive(vec!["a", "b", "c", "d"]);
+        for (i, set) in ["keep", "keep", "old", "keep"].iter().enumerate() {
+            let mut r = req(&format!("ns/db-{i}"), true, &format!("c{i}"));
+            r.identity.owner = Some(crate::claim::Owner {
+                kind: "StatefulSet".into(),
+                namespace: "ns".into(),
+                name: (*set).into(),
+                uid: "u".into(),
+            });
+            add(&c, &mut s, &alive, &r).unwrap();
+            del(&mut s, &format!("c{i}"));
+        }
+        let g = add(&c, &mut s, &Retired, &req("new", false, "e")).unwrap();
+        assert_eq!(ips(&g), ["10.0.0.12"]);
+        let note = g[0].took_over.as_deref().unwrap_or_default();
+        assert!(note.contains("StatefulSet ns/old was deleted"), "{note}");
+        // With only live owners left, the sticky claims stay reserved.
+        let e = add(&c, &mut s, &Retired, &req("new2", false, "f")).unwrap_err();
+        assert!(e.msg.contains("reserved by sticky identities"), "{}", e.msg);
+    }
+
+    #[test]
     fn retired_owners_free_their_sticky_claims_once_unheld() {
+        /// Containers listed are alive; the StatefulSet "db" was deleted.
+        struct DbGone(Alive);
+        impl Inspector for DbGone {
+            fn verdict(&self, h: &Holder, c: Option<&Caller>) -> Verdict {
+                self.0.verdict(h, c)
+            }
+            fn owner_retired(&self, o: &crate::claim::Owner) -> bool {
+                o.name == "db"
+            }
+        }
         let c = small();
         let mut s = MemoryStore::default();
-        let alive = Alive(vec!["a"]);
+        let alive = DbGone(Alive(vec!["a"]));
         let owner = |name: &str| crate::claim::Owner {
             kind: "StatefulSet".into(),
             namespace: "ns".into(),
@@ -691,8 +761,7 @@ mod tests {
             r.identity.owner = Some(owner(set));
             add(&c, &mut s, &alive, &r).unwrap();
         }
-        let gone = |o: &crate::claim::Owner| o.name == "db";
-        let (plan, out) = plan_retire(&mut s, &alive, &gone).unwrap();
+        let (plan, out) = plan_retire(&mut s, &alive).unwrap();
         // db-0's holder is alive: kept until it goes; db-1's is dead.
         assert_eq!(out.len(), 1, "{out:?}");
         assert_eq!(out[0].identity, "ns/db-1");

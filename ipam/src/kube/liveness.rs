@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use super::{ApiError, ClusterNode, KubeApi, PodFacts};
-use crate::claim::Holder;
+use crate::claim::{Holder, Owner};
 use crate::engine::Inspector;
 use crate::liveness::{is_local, judge, Caller, NetnsState, NodeFacts, Verdict};
 use crate::system::netns_state;
@@ -96,6 +96,8 @@ pub struct KubeInspector<'a> {
     pub node: NodeFacts,
     pods: RefCell<BTreeMap<String, Lookup<PodFacts>>>,
     nodes: RefCell<BTreeMap<String, Lookup<ClusterNode>>>,
+    /// namespace/name -> the StatefulSet's UID, None when it is gone.
+    owners: RefCell<BTreeMap<String, Lookup<String>>>,
 }
 
 impl<'a> KubeInspector<'a> {
@@ -105,6 +107,7 @@ impl<'a> KubeInspector<'a> {
             node,
             pods: RefCell::default(),
             nodes: RefCell::default(),
+            owners: RefCell::default(),
         }
     }
 
@@ -130,7 +133,35 @@ impl<'a> KubeInspector<'a> {
     }
 }
 
+/// Whether a claim's owner was deleted (or re-created under a new UID,
+/// which makes its pods new identities' holders too). Unknown counts as
+/// not deleted.
+pub fn owner_gone(owner: &Owner, found: &Lookup<String>) -> bool {
+    match found {
+        Lookup::Missing => true,
+        Lookup::Found(uid) => !owner.uid.is_empty() && *uid != owner.uid,
+        Lookup::Unreachable(_) => false,
+    }
+}
+
 impl Inspector for KubeInspector<'_> {
+    fn owner_retired(&self, owner: &Owner) -> bool {
+        if owner.kind != "StatefulSet" {
+            return false;
+        }
+        let key = format!("{}/{}", owner.namespace, owner.name);
+        let cached = self.owners.borrow().get(&key).cloned();
+        let found = cached.unwrap_or_else(|| {
+            let got: Lookup<String> = self
+                .api
+                .get_stateful_set(&owner.namespace, &owner.name)
+                .into();
+            self.owners.borrow_mut().insert(key, got.clone());
+            got
+        });
+        owner_gone(owner, &found)
+    }
+
     fn verdict(&self, holder: &Holder, caller: Option<&Caller>) -> Verdict {
         if is_local(holder, &self.node) {
             let netns = netns_state(holder);
@@ -271,6 +302,20 @@ mod tests {
             assert!(v.reason().contains(says), "{name}: {v:?}");
             assert!(v.reason().contains("bgp/rs0-0"), "{name}: {v:?}");
         }
+    }
+
+    #[test]
+    fn owners_retire_when_gone_or_recreated() {
+        let owner = Owner {
+            kind: "StatefulSet".into(),
+            namespace: "db".into(),
+            name: "rs0".into(),
+            uid: "u1".into(),
+        };
+        assert!(owner_gone(&owner, &Lookup::Missing));
+        assert!(owner_gone(&owner, &Lookup::Found("u2".into())));
+        assert!(!owner_gone(&owner, &Lookup::Found("u1".into())));
+        assert!(!owner_gone(&owner, &Lookup::Unreachable("timeout".into())));
     }
 
     #[test]
