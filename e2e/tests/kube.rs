@@ -734,3 +734,38 @@ fn dual_stack_statefulset_pod_moves_with_both_addresses() {
         .all(|c| c["status"]["node"] == api.node(2).as_str()));
     assert_claim_invariants(&claims);
 }
+
+/// Without the CRD the API answers 404 for the whole resource: ADD fails at
+/// once with code 113 saying how to install it, rather than retrying, and
+/// leaves no link.
+#[test]
+fn missing_crd_is_named_not_retried() {
+    if std::env::var_os(sticky_e2e::cluster::ENV).is_some() {
+        eprintln!("skipped on a real cluster: it would delete the shared CRD");
+        return;
+    }
+    let (mut topo, api) = cluster(1);
+    let (code, out) = api.request(
+        "DELETE",
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/ipclaims.sticky-macvlan.io",
+        None,
+    );
+    assert_eq!(code, 200, "{out}");
+    let pod = topo.add_pod("nocrd");
+    let started = std::time::Instant::now();
+    let r = add(&topo, &api, 0, &pod, "nocrd", &k8s("nocrd", "u1"));
+    assert_eq!(r.code(), Some(113), "{}", r.stdout);
+    assert!(
+        r.msg().contains("sticky-macvlan crd | kubectl apply"),
+        "{}",
+        r.msg()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "it retried: {:?}",
+        started.elapsed()
+    );
+    assert!(!sticky_e2e::ip_ok(&[
+        "-n", &pod.netns, "link", "show", "net1"
+    ]));
+}

@@ -97,7 +97,12 @@ fn with_retries<T>(
                 ));
                 last = e.msg;
                 std::thread::sleep(backoff(attempt));
-                store.conflicted()?;
+                match store.conflicted() {
+                    // The reload raced too: the next attempt reads afresh.
+                    Err(e) if e.code == STORE_CONFLICT => last = e.msg,
+                    Err(e) => return Err(e),
+                    Ok(()) => {}
+                }
             }
             other => return other,
         }

@@ -522,6 +522,20 @@ impl State {
                 if let Some(m) = self.objects.get_mut(&t.collection) {
                     m.remove(&name);
                 }
+                if t.resource == "customresourcedefinitions" {
+                    let group = current
+                        .pointer("/spec/group")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    let plural = current
+                        .pointer("/spec/names/plural")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    let prefix = format!("{group}/");
+                    let suffix = format!("/{plural}");
+                    self.crds
+                        .retain(|k, _| !(k.starts_with(&prefix) && k.ends_with(&suffix)));
+                }
                 self.revision += 1;
                 status(200, "", format!("{} \"{name}\" deleted", t.resource))
             }

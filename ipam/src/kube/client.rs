@@ -172,6 +172,19 @@ impl KubeClient {
     }
 }
 
+/// A 404 on the collection itself (list, create) means the resource type
+/// does not exist: the CRD is not installed, which no retry fixes.
+fn collection_error(what: &str, e: kube::Error) -> ApiError {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => ApiError::Refused(format!(
+            "{what}: the API server does not know ipclaims.{} ({}): install the CRD with `sticky-macvlan crd | kubectl apply -f -` (examples/ipclaim-crd.yaml)",
+            super::GROUP,
+            s.message
+        )),
+        other => classify(what, other),
+    }
+}
+
 fn decoded(o: &IPClaim) -> ApiResult<ClaimObject> {
     from_object(o).map_err(ApiError::Refused)
 }
@@ -187,7 +200,10 @@ impl KubeApi for KubeClient {
     fn list_claims(&self, selector: &str) -> ApiResult<Vec<ClaimObject>> {
         let api = self.claims();
         let lp = ListParams::default().labels(selector);
-        let list = self.run(&format!("list ipclaims {selector}"), api.list(&lp))?;
+        let what = format!("list ipclaims {selector}");
+        let list = self
+            .bounded(&what, api.list(&lp))?
+            .map_err(|e| collection_error(&what, e))?;
         list.items.iter().map(decoded).collect()
     }
 
@@ -199,7 +215,9 @@ impl KubeApi for KubeClient {
             "create ipclaim {}",
             o.metadata.name.clone().unwrap_or_default()
         );
-        let created = self.run(&what, api.create(&PostParams::default(), &o))?;
+        let created = self
+            .bounded(&what, api.create(&PostParams::default(), &o))?
+            .map_err(|e| collection_error(&what, e))?;
         decoded(&created)
     }
 
