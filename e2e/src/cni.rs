@@ -190,6 +190,15 @@ impl CniCall {
         child
     }
 
+    /// Starts the call and kills it (SIGKILL) after `delay`; true when it
+    /// was still running then.
+    pub fn run_and_kill(&self, delay: Duration) -> bool {
+        let mut child = self.spawn(self.config.to_string().as_bytes());
+        std::thread::sleep(delay);
+        let _ = child.kill();
+        !child.wait().expect("wait for the plugin").success()
+    }
+
     /// Runs with exactly these stdin bytes (for malformed configs).
     pub fn run_raw(&self, stdin: &[u8]) -> CniReply {
         let start = Instant::now();

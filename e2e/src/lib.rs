@@ -62,6 +62,19 @@ pub fn ip_ok(args: &[&str]) -> bool {
         .unwrap_or(false)
 }
 
+/// The links in a netns, by name (peers' "@..." suffix dropped).
+pub fn links_in(netns: &str) -> Vec<String> {
+    let out = Command::new("ip")
+        .args(["-n", netns, "-o", "link", "show"])
+        .output()
+        .expect("ip link");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).to_string())
+        .collect()
+}
+
 /// Removes namespaces left by test runs whose process is gone.
 pub fn sweep_stale() {
     let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {

@@ -769,3 +769,89 @@ fn missing_crd_is_named_not_retried() {
         "-n", &pod.netns, "link", "show", "net1"
     ]));
 }
+
+/// kill -9 at points spread over ADD and DEL on the kubernetes store, then
+/// what kubelet does next (DEL, a new sandbox's ADD; or DEL again): the
+/// pod keeps its address, no link is left, and the stored objects keep
+/// every invariant.
+#[test]
+fn kill_9_on_the_kubernetes_store_loses_nothing() {
+    let (mut topo, api) = cluster(1);
+    let set = api.add_stateful_set(NS, "k");
+    let names: Vec<(String, String)> = (0..4)
+        .map(|i| {
+            let name = format!("k-{i}");
+            let uid = api.add_pod(NS, &name, &api.node(1), Some(("k", &set)), None);
+            (name, uid)
+        })
+        .collect();
+    let node = topo.node(0).netns.clone();
+    let call = |topo: &Topology, cmd: &str, pod: &Pod, cid: &str, args: &str| {
+        CniCall::new(
+            &our_plugin(),
+            &topo.node(0).netns,
+            cmd,
+            conf(topo, &api, 0, json!({})),
+        )
+        .container(cid)
+        .netns(&pod.path)
+        .args(args)
+    };
+    let probe_pod = topo.add_pod("probe");
+    let probe = call(&topo, "ADD", &probe_pod, "probe", &k8s("probe", "probe"));
+    let span_us = probe.run().elapsed.as_micros().max(1000) as usize;
+    probe.clone().command("DEL").run().expect_ok();
+    let mut bound: std::collections::BTreeMap<String, String> = Default::default();
+    let mut killed = 0;
+    let trials = 24;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    for trial in 0..trials {
+        assert!(
+            Instant::now() < deadline,
+            "crash trials ran past their time bound"
+        );
+        let (name, uid) = &names[trial % names.len()];
+        let args = k8s(name, uid);
+        let delay = Duration::from_micros(((trial * 7919) % span_us) as u64);
+        let pod = topo.add_pod(&format!("t{trial}"));
+        let cid = format!("ctr-{trial}");
+        let add = call(&topo, "ADD", &pod, &cid, &args);
+        if trial % 2 == 0 {
+            killed += usize::from(add.run_and_kill(delay));
+            // kubelet: tear the failed sandbox down, then a new one.
+            add.clone().command("DEL").run().expect_ok();
+            topo.delete_netns(&pod.netns);
+            let retry_pod = topo.add_pod(&format!("t{trial}-retry"));
+            let retry = call(&topo, "ADD", &retry_pod, &format!("{cid}-r"), &args);
+            let ip = address(&retry.run());
+            if let Some(old) = bound.insert(name.clone(), ip.clone()) {
+                assert_eq!(old, ip, "{name} lost its sticky address");
+            }
+            assert_eq!(sticky_e2e::links_in(&retry_pod.netns), ["lo", "net1"]);
+            retry.clone().command("DEL").run().expect_ok();
+            topo.delete_netns(&retry_pod.netns);
+        } else {
+            let ip = address(&add.run());
+            if let Some(old) = bound.insert(name.clone(), ip.clone()) {
+                assert_eq!(old, ip, "{name} lost its sticky address");
+            }
+            let del = add.clone().command("DEL");
+            killed += usize::from(del.run_and_kill(delay));
+            del.run().expect_ok();
+            assert_eq!(sticky_e2e::links_in(&pod.netns), ["lo"], "DEL left a link");
+            topo.delete_netns(&pod.netns);
+        }
+        let claims = api.claims();
+        assert_claim_invariants(&claims);
+        assert!(
+            claims.iter().all(|c| c["status"]["holder"].is_null()),
+            "a holder was left after trial {trial}: {claims:?}"
+        );
+    }
+    eprintln!("kube crash trials: {trials}, killed mid-command: {killed}");
+    assert!(
+        killed > trials / 4,
+        "too few kills landed mid-command: {killed}"
+    );
+    assert_eq!(sticky_e2e::links_in(&node), ["lo", "uplink0", "mgmt0"]);
+}

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use sticky_e2e::store::{assert_invariants, claims, holder_of};
 use sticky_e2e::{
-    configs, our_ipam, our_plugin, reference_plugin, CniCall, CniReply, Pod, Topology,
+    configs, links_in, our_ipam, our_plugin, reference_plugin, CniCall, CniReply, Pod, Topology,
     SUBNET_PREFIX,
 };
 
@@ -40,18 +40,6 @@ fn call(
 #[track_caller]
 fn address(reply: &CniReply) -> String {
     reply.first_address()
-}
-
-fn links_in(netns: &str) -> Vec<String> {
-    let out = Command::new("ip")
-        .args(["-n", netns, "-o", "link", "show"])
-        .output()
-        .expect("ip link");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split(": ").nth(1))
-        .map(|n| n.split('@').next().unwrap_or(n).to_string())
-        .collect()
 }
 
 fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
@@ -455,12 +443,6 @@ fn concurrent_adds_get_distinct_addresses() {
 
 /// Runs the plugin and kills it with SIGKILL after `delay`; true when the
 /// kill landed before the plugin finished.
-fn run_and_kill(call: &CniCall, delay: Duration) -> bool {
-    let mut child = call.spawn(call.config.to_string().as_bytes());
-    std::thread::sleep(delay);
-    let _ = child.kill();
-    !child.wait().expect("wait for the plugin").success()
-}
 
 /// kill -9 at varied points of ADD and DEL, then what kubelet does next;
 /// afterwards no duplicate IP, no leaked link, no lost sticky binding.
@@ -504,7 +486,7 @@ fn kill_9_during_add_and_del_loses_nothing() {
             .args(&args);
         let kill_add = trial % 2 == 0;
         if kill_add {
-            killed += usize::from(run_and_kill(&add, delay));
+            killed += usize::from(add.run_and_kill(delay));
             let claimed =
                 holder_of(&store, NET, &format!("default/{name}")).as_deref() == Some(cid.as_str());
             let link_left = links_in(&pod.netns).len() > 1;
@@ -530,7 +512,7 @@ fn kill_9_during_add_and_del_loses_nothing() {
                 assert_eq!(old, ip, "{name} lost its sticky binding");
             }
             let del = add.clone().command("DEL");
-            killed += usize::from(run_and_kill(&del, delay));
+            killed += usize::from(del.run_and_kill(delay));
             // kubelet retries DEL until it succeeds.
             del.run().expect_ok();
             assert_eq!(

@@ -398,7 +398,25 @@ pub fn plan_add(
     };
     let mut grants = Vec::new();
     for (index, set) in conf.range_sets.iter().enumerate() {
-        let current = mine.iter().find(|c| set.contains(c.ip));
+        let in_set: Vec<&Claim> = mine.iter().filter(|c| set.contains(c.ip)).collect();
+        // Normally at most one; two are left only by a crash between a
+        // racing create and its back-out (kubernetes store). Keep the
+        // caller's (else the first) and drop the rest where takeable.
+        let current = in_set
+            .iter()
+            .copied()
+            .find(|c| c.held_by(&req.holder.container_id, &req.holder.ifname))
+            .or(in_set.first().copied());
+        for extra in in_set
+            .iter()
+            .filter(|c| current.is_some_and(|k| k.ip != c.ip))
+        {
+            planner.takeable(extra)?;
+            planner.plan.changes.push(Change {
+                before: Some((*extra).clone()),
+                after: None,
+            });
+        }
         let reserved = conf
             .reservations
             .get(&req.identity.key)
@@ -729,6 +747,40 @@ mod tests {
         // With only live owners left, the sticky claims stay reserved.
         let e = add(&c, &mut s, &Retired, &req("new2", false, "f")).unwrap_err();
         assert!(e.msg.contains("reserved by sticky identities"), "{}", e.msg);
+    }
+
+    #[test]
+    fn a_second_claim_of_one_identity_is_dropped_on_its_next_add() {
+        let c = conf(json!({"subnet": "10.0.0.0/24"}));
+        let mut s = MemoryStore::default();
+        let twin = |s: &mut MemoryStore, ip: &str, cid: &str| {
+            let mut claim = Claim {
+                ip: ip.parse().unwrap(),
+                identity: "peer".into(),
+                sticky: true,
+                holder: Some(holder(cid)),
+                owner: None,
+                created: 1,
+                updated: 1,
+            };
+            if cid.is_empty() {
+                claim.holder = None;
+            }
+            s.claims.insert(claim.ip, claim);
+        };
+        twin(&mut s, "10.0.0.5", "old");
+        twin(&mut s, "10.0.0.9", "");
+        let alive = Alive(vec!["new"]);
+        let g = add(&c, &mut s, &alive, &req("peer", true, "new")).unwrap();
+        assert_eq!(ips(&g), ["10.0.0.5"]);
+        assert_eq!(s.claims.len(), 1);
+        assert_invariants(&s);
+        // A live holder of the extra claim is not robbed: refused instead.
+        twin(&mut s, "10.0.0.9", "other");
+        let alive = Alive(vec!["new", "other"]);
+        let e = add(&c, &mut s, &alive, &req("peer", true, "new")).unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert_eq!(s.claims.len(), 2);
     }
 
     #[test]
