@@ -441,9 +441,6 @@ fn concurrent_adds_get_distinct_addresses() {
     }
 }
 
-/// Runs the plugin and kills it with SIGKILL after `delay`; true when the
-/// kill landed before the plugin finished.
-
 /// kill -9 at varied points of ADD and DEL, then what kubelet does next;
 /// afterwards no duplicate IP, no leaked link, no lost sticky binding.
 #[test]
