@@ -855,3 +855,67 @@ fn kill_9_on_the_kubernetes_store_loses_nothing() {
     );
     assert_eq!(sticky_e2e::links_in(&node), ["lo", "uplink0", "mgmt0"]);
 }
+
+/// CNI 1.1 GC and STATUS on the kubernetes store: GC releases this node's
+/// holders the runtime no longer knows (another node's are not its
+/// business); STATUS answers while the API does and reports 50 when the
+/// API is stopped.
+#[test]
+fn gc_and_status_on_the_kubernetes_store() {
+    let (mut topo, mut api) = cluster(2);
+    let v11 = |topo: &Topology, node: usize| {
+        let mut c = conf(topo, &api, node, json!({}));
+        c["cniVersion"] = json!("1.1.0");
+        c
+    };
+    let mut held = Vec::new();
+    for (node, cid) in [(0, "keep"), (0, "gone"), (1, "other-node")] {
+        let pod = topo.add_pod(cid);
+        CniCall::new(
+            &our_plugin(),
+            &topo.node(node).netns,
+            "ADD",
+            v11(&topo, node),
+        )
+        .container(cid)
+        .netns(&pod.path)
+        .run()
+        .expect_ok();
+        held.push(pod);
+    }
+    let mut gc = v11(&topo, 0);
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": "keep", "ifname": "net1"}]);
+    CniCall::new(&our_plugin(), &topo.node(0).netns, "GC", gc)
+        .netns("")
+        .run()
+        .expect_ok();
+    let mut left: Vec<String> = api
+        .claims()
+        .iter()
+        .filter_map(|c| c["spec"]["identity"].as_str().map(String::from))
+        .collect();
+    left.sort();
+    assert_eq!(left, ["container:keep/net1", "container:other-node/net1"]);
+    let status_conf = v11(&topo, 0);
+    let status = |topo: &Topology| {
+        CniCall::new(
+            &our_plugin(),
+            &topo.node(0).netns,
+            "STATUS",
+            status_conf.clone(),
+        )
+        .netns("")
+        .run()
+    };
+    status(&topo).expect_ok();
+    if !api.is_real() {
+        api.stop();
+        let down = status(&topo);
+        assert_eq!(down.code(), Some(50), "{}", down.stdout);
+        assert!(
+            down.msg().contains("kubernetes API") || down.msg().contains("unreachable"),
+            "{}",
+            down.msg()
+        );
+    }
+}
