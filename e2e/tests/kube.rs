@@ -919,3 +919,94 @@ fn gc_and_status_on_the_kubernetes_store() {
         );
     }
 }
+
+/// Split brain: the API says the old pod is gone, but its node is only
+/// partitioned from the API and the pod still answers on the fabric. The
+/// takeover is refused with code 11 naming the answering MAC, the old pod
+/// keeps working and the claim is unchanged; once the old pod's netns is
+/// really gone, the takeover succeeds and the router moves to the new MAC.
+#[test]
+fn split_brain_takeover_is_refused_while_the_old_holder_answers() {
+    let (mut topo, api) = cluster(2);
+    let set = api.add_stateful_set(NS, "sb");
+    let uid = api.add_pod(NS, "sb-0", &api.node(1), Some(("sb", &set)), None);
+    let old = topo.add_pod("sb-0-old");
+    let x = address(&add(&topo, &api, 0, &old, "sb-old", &k8s("sb-0", &uid)));
+    let router = topo.router.clone();
+    assert!(topo.ping_eventually(&router, &x, 3));
+    let old_mac = link_mac(&old.netns, "net1");
+    let claim_before = api.claims();
+
+    // The pod object is force-deleted; node1 and the pod live on.
+    api.remove_pod(NS, "sb-0");
+    let uid2 = api.add_pod(NS, "sb-0", &api.node(2), Some(("sb", &set)), None);
+    let new = topo.add_pod("sb-0-new");
+    let refused = add(&topo, &api, 1, &new, "sb-new", &k8s("sb-0", &uid2));
+    assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
+    assert!(
+        refused.msg().contains(&x) && refused.msg().contains(&old_mac),
+        "the refusal names the address and the answering MAC {old_mac}: {}",
+        refused.msg()
+    );
+    assert_eq!(
+        sticky_e2e::links_in(&new.netns),
+        ["lo"],
+        "the refused link is gone"
+    );
+    let strip = |claims: Vec<Value>| -> Vec<(Value, Value)> {
+        claims
+            .into_iter()
+            .map(|c| (c["spec"].clone(), c["status"].clone()))
+            .collect()
+    };
+    assert_eq!(
+        strip(api.claims()),
+        strip(claim_before),
+        "the claim changed"
+    );
+    assert!(topo.ping_from(&router, &x), "the old pod stopped answering");
+    assert_eq!(
+        neighbour_mac(&router, &x).as_deref(),
+        Some(old_mac.as_str())
+    );
+
+    // The old pod is really gone now.
+    let old_ns = old.netns.clone();
+    topo.delete_netns(&old_ns);
+    let started = Instant::now();
+    let moved = add(&topo, &api, 1, &new, "sb-new", &k8s("sb-0", &uid2));
+    let took = started.elapsed();
+    assert_eq!(address(&moved), x);
+    let new_mac = link_mac(&new.netns, "net1");
+    // Announced: the router's entry moves without waiting for its ARP timeout.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while neighbour_mac(&router, &x).as_deref() != Some(new_mac.as_str()) {
+        assert!(
+            Instant::now() < deadline,
+            "the router still has {:?} for {x}, not {new_mac}",
+            neighbour_mac(&router, &x)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(topo.ping_eventually(&router, &x, 3));
+    eprintln!("takeover ADD with the ARP probe took {took:?}");
+}
+
+fn link_mac(netns: &str, ifname: &str) -> String {
+    let out = Command::new("ip")
+        .args(["-n", netns, "-j", "link", "show", ifname])
+        .output()
+        .expect("ip link");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    v[0]["address"].as_str().unwrap_or_default().to_string()
+}
+
+/// The MAC in `netns`'s neighbour entry for `ip`, if it has one.
+fn neighbour_mac(netns: &str, ip: &str) -> Option<String> {
+    let out = Command::new("ip")
+        .args(["-n", netns, "-j", "neigh", "show", ip])
+        .output()
+        .ok()?;
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    v[0]["lladdr"].as_str().map(str::to_string)
+}

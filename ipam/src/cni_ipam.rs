@@ -50,6 +50,8 @@ pub struct StickyIpam {
     unreachable: Option<String>,
     /// What the last ADD committed, for `undo_add`.
     committed: Option<Plan>,
+    /// Addresses the last ADD took from another pod's holder.
+    taken_over: Vec<IpAddr>,
 }
 
 /// This node's name: `nodeName` from the config, else (kubernetes store)
@@ -187,11 +189,19 @@ impl StickyIpam {
             prepared: None,
             unreachable: None,
             committed: None,
+            taken_over: Vec::new(),
         })
     }
 
     pub fn config(&self) -> &IpamConfig {
         &self.conf
+    }
+
+    /// Addresses the last ADD took over from another pod's holder (the
+    /// store judged it dead; the wire has not been asked yet). A sandbox of
+    /// the same pod is not in it: kubelet replaces it itself.
+    pub fn taken_over(&self) -> &[IpAddr] {
+        &self.taken_over
     }
 
     fn open(&self) -> CniResult<FileStore> {
@@ -352,6 +362,11 @@ impl StickyIpam {
             }
         }
         self.committed = Some(plan);
+        self.taken_over = grants
+            .iter()
+            .filter(|g| g.from_another_pod(req.caller.pod_uid.as_deref()))
+            .map(|g| g.ip)
+            .collect();
         Ok(self.output(&grants))
     }
 
@@ -444,10 +459,8 @@ impl StickyIpam {
             grants.push(Grant {
                 ip: claim.ip,
                 range,
-                took_over: Some(format!(
-                    "served {} from the node-local record (degraded mode: {why})",
-                    claim.ip
-                )),
+                took_over: None,
+                displaced: None,
             });
         }
         local.commit(&plan)?;

@@ -45,6 +45,23 @@ pub struct Grant {
     pub range: Range,
     /// Set when the address was taken from another holder: who and why.
     pub took_over: Option<String>,
+    /// The holder the address was taken from (judged dead), if any.
+    pub displaced: Option<Holder>,
+}
+
+impl Grant {
+    /// Whether the address came from a holder of another pod: one the wire
+    /// should confirm gone (a sandbox of the same pod is being replaced by
+    /// kubelet itself).
+    pub fn from_another_pod(&self, caller_pod_uid: Option<&str>) -> bool {
+        match &self.displaced {
+            None => false,
+            Some(h) => match (h.pod_uid.as_deref(), caller_pod_uid) {
+                (Some(theirs), Some(mine)) => theirs.is_empty() || theirs != mine,
+                _ => true,
+            },
+        }
+    }
 }
 
 struct Planner<'a> {
@@ -134,6 +151,7 @@ impl Planner<'_> {
         Ok(Grant {
             ip: claim.ip,
             range: self.range_of(set, claim.ip),
+            displaced: took_over.as_ref().and(claim.holder.clone()),
             took_over,
         })
     }
@@ -154,6 +172,7 @@ impl Planner<'_> {
             }
             took_over = self.takeable(other)?;
         }
+        let displaced = existing.as_ref().and_then(|c| c.holder.clone());
         self.plan.changes.push(Change {
             before: existing,
             after: Some(self.new_claim(ip)),
@@ -161,6 +180,7 @@ impl Planner<'_> {
         Ok(Grant {
             ip,
             range: self.range_of(set, ip),
+            displaced: took_over.as_ref().and(displaced),
             took_over,
         })
     }
@@ -196,6 +216,7 @@ impl Planner<'_> {
                         ip,
                         range: range.clone(),
                         took_over: None,
+                        displaced: None,
                     });
                 }
                 Ok(Some(_)) => {}
@@ -275,6 +296,7 @@ impl Planner<'_> {
                 ip: claim.ip,
                 range,
                 took_over,
+                displaced: claim.holder.clone(),
             });
         }
         let size = set.size();
@@ -781,6 +803,30 @@ mod tests {
         let e = add(&c, &mut s, &alive, &req("peer", true, "new")).unwrap_err();
         assert_eq!(e.code, code::TRY_AGAIN_LATER);
         assert_eq!(s.claims.len(), 2);
+    }
+
+    #[test]
+    fn grants_say_whom_they_displaced() {
+        let c = small();
+        let mut s = MemoryStore::default();
+        add(&c, &mut s, &Alive(vec![]), &req("peer", true, "a")).unwrap();
+        // Another pod takes it over (a is dead): displaced, from another pod.
+        let g = add(&c, &mut s, &Alive(vec![]), &req("peer", true, "b")).unwrap();
+        assert_eq!(
+            g[0].displaced.as_ref().map(|h| h.container_id.as_str()),
+            Some("a")
+        );
+        assert!(g[0].from_another_pod(Some("uid-b")));
+        // The same pod's new sandbox: displaced, but not another pod.
+        let mut same = req("peer", true, "b2");
+        same.caller.pod_uid = Some("uid-b".into());
+        same.holder.pod_uid = Some("uid-b".into());
+        let g = add(&c, &mut s, &Alive(vec!["b"]), &same).unwrap();
+        assert!(g[0].displaced.is_some());
+        assert!(!g[0].from_another_pod(Some("uid-b")));
+        // A retried ADD by the holder displaces nobody.
+        let g = add(&c, &mut s, &Alive(vec!["b2"]), &same).unwrap();
+        assert!(g[0].displaced.is_none() && !g[0].from_another_pod(Some("uid-b")));
     }
 
     #[test]

@@ -136,7 +136,8 @@ pub fn add(
     let result = match ipam {
         None => finish_l2(env, conf, nl, &link, prev),
         Some(ipam) => ipam.add().and_then(|allocated| {
-            finish_l3(env, conf, nl, &link, allocated, prev).map_err(|e| {
+            let taken = ipam.taken_over();
+            finish_l3(env, conf, nl, &link, allocated, &taken, prev).map_err(|e| {
                 let release = ipam
                     .undo_add()
                     .map_err(|r| r.context("cannot release the IPAM after a failed ADD"));
@@ -185,6 +186,7 @@ fn finish_l3(
     nl: &mut dyn Netlink,
     link: &CreatedLink,
     allocated: CniOutput,
+    taken_over: &[std::net::IpAddr],
     prev: Option<CniOutput>,
 ) -> CniResult<Value> {
     let (mut out, index) = merge_interface(prev, our_interface(env, link));
@@ -198,7 +200,30 @@ fn finish_l3(
     probe.ips.extend(ips.iter().cloned());
     probe.to_json(conf.common.cni_version)?;
 
+    // Addresses another holder had are confirmed free on the wire first.
+    let probed: Vec<std::net::Ipv4Addr> = ips
+        .iter()
+        .filter_map(|i| match i.address.addr() {
+            std::net::IpAddr::V4(v4)
+                if conf.probe.fresh || taken_over.contains(&i.address.addr()) =>
+            {
+                Some(v4)
+            }
+            _ => None,
+        })
+        .collect();
+    let probing = conf.probe.spec.count > 0 && !probed.is_empty();
+    if probing {
+        macvlan::probe_addresses(nl, link, &probed, conf.probe.spec)?;
+    }
     macvlan::configure_l3(nl, link, &ips, &allocated.routes)?;
+    if probing {
+        macvlan::announce_addresses(nl, link, &probed);
+    }
+    // A taken-over IPv6 address is confirmed by the kernel's DAD.
+    if taken_over.iter().any(|a| a.is_ipv6()) {
+        macvlan::settle_ipv6(nl, link)?;
+    }
     out.ips.extend(ips);
     out.routes.extend(allocated.routes);
     // The config's dns, not the IPAM's, as the reference macvlan does.
@@ -348,6 +373,7 @@ mod tests {
         adds: usize,
         dels: usize,
         result: Option<CniOutput>,
+        taken: Vec<std::net::IpAddr>,
     }
 
     impl Ipam for FakeIpam {
@@ -371,6 +397,9 @@ mod tests {
                 routes: vec![crate::cni::Route::new("0.0.0.0/0".parse().unwrap(), None)],
                 ..CniOutput::default()
             }))
+        }
+        fn taken_over(&self) -> Vec<std::net::IpAddr> {
+            self.taken.clone()
         }
         fn del(&mut self) -> CniResult<()> {
             self.dels += 1;
@@ -420,6 +449,95 @@ mod tests {
         assert_eq!(out["ips"][0]["interface"], 0);
         assert_eq!(out["ips"][0]["address"], "10.0.0.5/24");
         assert_eq!(nl.link(Ns::Pod, "net1").unwrap().addrs.len(), 1);
+    }
+
+    #[test]
+    fn a_taken_over_address_is_probed_refused_when_answered_and_announced_when_not() {
+        let taken = FakeIpam {
+            taken: vec!["10.0.0.5".parse().unwrap()],
+            ..FakeIpam::default()
+        };
+        // Fresh allocation: no probe, no announcement (arp_notify does it).
+        let mut quiet = nl();
+        add(
+            &env(),
+            &conf("1.0.0", json!({})),
+            &mut quiet,
+            Some(&mut FakeIpam::default()),
+        )
+        .unwrap();
+        assert!(
+            !quiet.calls.iter().any(|c| c.starts_with("arp_")),
+            "{:?}",
+            quiet.calls
+        );
+        // Taken over, nobody answers: probed before the address, announced after.
+        let mut free = nl();
+        let mut ipam = FakeIpam {
+            taken: taken.taken.clone(),
+            ..FakeIpam::default()
+        };
+        add(
+            &env(),
+            &conf("1.0.0", json!({})),
+            &mut free,
+            Some(&mut ipam),
+        )
+        .unwrap();
+        let pos = |nl: &FakeNetlink, p: &str| nl.calls.iter().position(|c| c.starts_with(p));
+        let probe = pos(&free, "arp_probe").expect("probed");
+        let addr = pos(&free, "add_address").expect("address added");
+        let announce = pos(&free, "arp_announce").expect("announced");
+        assert!(probe < addr && addr < announce, "{:?}", free.calls);
+        // Taken over, the old holder answers: 11 naming its MAC, undone.
+        let mut busy = nl();
+        busy.arp_owners
+            .insert("10.0.0.5".parse().unwrap(), [2, 0, 0, 0, 0, 0x42]);
+        let mut ipam = FakeIpam {
+            taken: taken.taken.clone(),
+            ..FakeIpam::default()
+        };
+        let e = add(
+            &env(),
+            &conf("1.0.0", json!({})),
+            &mut busy,
+            Some(&mut ipam),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert!(
+            e.msg.contains("02:00:00:00:00:42") && e.msg.contains("10.0.0.5"),
+            "{}",
+            e.msg
+        );
+        assert!(busy.link_names(Ns::Pod).is_empty());
+        assert_eq!(ipam.dels, 1, "the IPAM's ADD is undone");
+        assert!(pos(&busy, "add_address").is_none());
+        // Probing off: no probe even on a takeover.
+        let mut off = nl();
+        off.arp_owners
+            .insert("10.0.0.5".parse().unwrap(), [2, 0, 0, 0, 0, 0x42]);
+        let mut ipam = FakeIpam {
+            taken: taken.taken.clone(),
+            ..FakeIpam::default()
+        };
+        add(
+            &env(),
+            &conf("1.0.0", json!({"probe": {"count": 0}})),
+            &mut off,
+            Some(&mut ipam),
+        )
+        .unwrap();
+        // probe.fresh: fresh allocations are probed too.
+        let mut fresh = nl();
+        add(
+            &env(),
+            &conf("1.0.0", json!({"probe": {"fresh": true}})),
+            &mut fresh,
+            Some(&mut FakeIpam::default()),
+        )
+        .unwrap();
+        assert!(pos(&fresh, "arp_probe").is_some());
     }
 
     #[test]

@@ -5,6 +5,8 @@
 
 use serde::Deserialize;
 
+use crate::datapath::arp::ProbeSpec;
+
 pub use crate::cni::conf::{sniff_version, IpamSection};
 use crate::cni::conf::{typed, CommonConf};
 use crate::cni::{CniError, CniResult};
@@ -52,6 +54,51 @@ pub struct NetConf {
     pub mac: Option<String>,
     pub link_in_container: bool,
     pub bc_queue_len: Option<u32>,
+    pub probe: ProbeConf,
+}
+
+/// `"probe"`: the ARP check before an IPv4 address is bound.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProbeConf {
+    pub spec: ProbeSpec,
+    /// Also probe freshly allocated addresses, not only taken-over ones.
+    pub fresh: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawProbe {
+    count: Option<u32>,
+    interval_ms: Option<u64>,
+    fresh: Option<bool>,
+}
+
+impl ProbeConf {
+    fn parse(raw: Option<RawProbe>) -> CniResult<ProbeConf> {
+        let Some(raw) = raw else {
+            return Ok(ProbeConf::default());
+        };
+        let d = ProbeSpec::default();
+        let count = raw.count.unwrap_or(d.count);
+        if count > 10 {
+            return Err(CniError::invalid_config(format!(
+                "probe.count {count} is too many: use 0 (off) to 10"
+            )));
+        }
+        let interval = match raw.interval_ms {
+            None => d.interval,
+            Some(ms @ 10..=2000) => std::time::Duration::from_millis(ms),
+            Some(ms) => {
+                return Err(CniError::invalid_config(format!(
+                    "probe.intervalMs {ms} is out of range: use 10 to 2000"
+                )))
+            }
+        };
+        Ok(ProbeConf {
+            spec: ProbeSpec { count, interval },
+            fresh: raw.fresh.unwrap_or(false),
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -63,6 +110,7 @@ struct RawMacvlan {
     mac: Option<String>,
     link_in_container: Option<bool>,
     bcqueuelen: Option<u32>,
+    probe: Option<RawProbe>,
 }
 
 impl NetConf {
@@ -85,6 +133,7 @@ impl NetConf {
             mac: raw.mac.filter(|m| !m.is_empty()),
             link_in_container: raw.link_in_container.unwrap_or(false),
             bc_queue_len: raw.bcqueuelen,
+            probe: ProbeConf::parse(raw.probe)?,
         })
     }
 }
@@ -108,6 +157,29 @@ mod tests {
         let mut b = base();
         b[key] = value;
         b
+    }
+
+    #[test]
+    fn probe_settings() {
+        assert_eq!(parse(base()).unwrap().probe, ProbeConf::default());
+        let c = parse(with(
+            "probe",
+            json!({"count": 0, "intervalMs": 50, "fresh": true}),
+        ))
+        .unwrap();
+        assert_eq!(c.probe.spec.count, 0);
+        assert_eq!(c.probe.spec.interval, std::time::Duration::from_millis(50));
+        assert!(c.probe.fresh);
+        for (bad, says) in [
+            (json!({"count": 11}), "probe.count 11"),
+            (json!({"intervalMs": 5}), "probe.intervalMs 5"),
+            (json!({"intervalMs": 5000}), "probe.intervalMs 5000"),
+            (json!({"tries": 1}), "tries"),
+        ] {
+            let e = parse(with("probe", bad)).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG);
+            assert!(e.msg.contains(says), "{}", e.msg);
+        }
     }
 
     #[test]

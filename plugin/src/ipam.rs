@@ -22,6 +22,12 @@ pub trait Ipam {
         Ok(())
     }
     fn add(&mut self) -> CniResult<CniOutput>;
+    /// Addresses the last `add` took over from another holder (judged dead
+    /// by the store), which the wire must confirm before they are bound.
+    /// A delegate cannot say: none.
+    fn taken_over(&self) -> Vec<std::net::IpAddr> {
+        Vec::new()
+    }
     /// Undoes this process's `add` after a later step of ADD failed. A
     /// delegate only knows DEL; the in-process IPAM restores exactly.
     fn undo_add(&mut self) -> CniResult<()> {
@@ -66,6 +72,9 @@ impl Ipam for StickyIpam {
     }
     fn add(&mut self) -> CniResult<CniOutput> {
         StickyIpam::add(self)
+    }
+    fn taken_over(&self) -> Vec<std::net::IpAddr> {
+        StickyIpam::taken_over(self).to_vec()
     }
     fn undo_add(&mut self) -> CniResult<()> {
         StickyIpam::undo_add(self)

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use ipnet::IpNet;
 
 use super::{
-    AddrState, LinkState, Netlink, NewMacvlan, NewRoute, NlError, NlResult, Ns, RouteState,
+    AddrState, LinkState, Mac, Netlink, NewMacvlan, NewRoute, NlError, NlResult, Ns, RouteState,
 };
 
 #[derive(Debug, Clone)]
@@ -26,6 +26,8 @@ pub struct FakeNetlink {
     pub calls: Vec<String>,
     /// Op name -> errno to fail with (once per listed entry).
     pub failures: Vec<(&'static str, i32)>,
+    /// Addresses another host answers ARP probes for, and its MAC.
+    pub arp_owners: HashMap<std::net::Ipv4Addr, Mac>,
     next_index: u32,
 }
 
@@ -237,5 +239,23 @@ impl Netlink for FakeNetlink {
         self.sysctls
             .insert((ns, key.to_string()), value.to_string());
         Ok(())
+    }
+
+    fn arp_probe(
+        &mut self,
+        index: u32,
+        _ours: Mac,
+        ip: std::net::Ipv4Addr,
+        spec: super::arp::ProbeSpec,
+    ) -> NlResult<Option<Mac>> {
+        self.maybe_fail(
+            "arp_probe",
+            format!("arp_probe {index} {ip} x{}", spec.count),
+        )?;
+        Ok(self.arp_owners.get(&ip).copied())
+    }
+
+    fn arp_announce(&mut self, index: u32, _ours: Mac, ip: std::net::Ipv4Addr) -> NlResult<()> {
+        self.maybe_fail("arp_announce", format!("arp_announce {index} {ip}"))
     }
 }

@@ -326,6 +326,63 @@ fn settle_addresses(nl: &mut dyn Netlink, link: &CreatedLink) -> CniResult<()> {
     }
 }
 
+/// Before IPv4 addresses taken over from another holder are bound: brings
+/// the link up without them and ARP-probes each (RFC 5227). An answer from
+/// another MAC means the old holder is still on the wire, whatever the
+/// store concluded: code 11, and the caller undoes the ADD.
+pub fn probe_addresses(
+    nl: &mut dyn Netlink,
+    link: &CreatedLink,
+    ips: &[std::net::Ipv4Addr],
+    spec: super::arp::ProbeSpec,
+) -> CniResult<()> {
+    let Some(mac) = link.mac else {
+        return Err(CniError::datapath(format!(
+            "cannot probe from {:?}: its MAC is unknown",
+            link.name
+        )));
+    };
+    nl.set_link_up(Ns::Pod, link.index).map_err(datapath)?;
+    for ip in ips {
+        match nl.arp_probe(link.index, mac, *ip, spec) {
+            Ok(None) => {}
+            Ok(Some(other)) => {
+                return Err(CniError::new(
+                    code::TRY_AGAIN_LATER,
+                    format!(
+                        "{ip} is still answered on the wire by MAC {}: its old holder may be alive (for example on a partitioned node whose pod was deleted), so the address was not bound and no claim changed; kubelet retries this ADD, which succeeds once that host is gone",
+                        format_mac(&other)
+                    ),
+                ))
+            }
+            Err(e) => {
+                return Err(CniError::datapath(format!(
+                    "cannot probe {ip} from {:?}: {e}",
+                    link.name
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// After probed addresses are bound: gratuitous ARPs, so peers move to the
+/// new MAC now (the link was already up when they were added, so the
+/// kernel's arp_notify did not announce them). Best effort.
+pub fn announce_addresses(nl: &mut dyn Netlink, link: &CreatedLink, ips: &[std::net::Ipv4Addr]) {
+    let Some(mac) = link.mac else { return };
+    for ip in ips {
+        if let Err(e) = nl.arp_announce(link.index, mac, *ip) {
+            log::warn(&format!("could not announce {ip} on {:?}: {e}", link.name));
+        }
+    }
+}
+
+/// Waits out IPv6 duplicate address detection; dadfailed is code 11.
+pub fn settle_ipv6(nl: &mut dyn Netlink, link: &CreatedLink) -> CniResult<()> {
+    settle_addresses(nl, link)
+}
+
 /// DEL: removes `ifname` from the pod netns; already gone is success.
 pub fn remove_link(nl: &mut dyn Netlink, ifname: &str) -> CniResult<()> {
     let Some(link) = nl.link_by_name(Ns::Pod, ifname).map_err(datapath)? else {

@@ -1,6 +1,7 @@
 //! The kernel side: a narrow netlink seam (`Netlink`), its real client over
 //! rtnetlink, a recording fake for tests, and the macvlan logic on top.
 
+pub mod arp;
 pub mod fake;
 pub mod macvlan;
 pub mod netns;
@@ -165,6 +166,17 @@ pub trait Netlink {
     /// `key` is relative to /proc/sys, e.g. "net/ipv4/conf/net1/arp_notify".
     fn read_sysctl(&mut self, ns: Ns, key: &str) -> NlResult<Option<String>>;
     fn write_sysctl(&mut self, ns: Ns, key: &str, value: &str) -> NlResult<()>;
+    /// RFC 5227 probe of `ip` from the up, address-less link `index` in
+    /// the pod netns: the MAC of another host using it, if one answers.
+    fn arp_probe(
+        &mut self,
+        index: u32,
+        ours: Mac,
+        ip: std::net::Ipv4Addr,
+        spec: arp::ProbeSpec,
+    ) -> NlResult<Option<Mac>>;
+    /// Gratuitous ARPs for `ip` from link `index` in the pod netns.
+    fn arp_announce(&mut self, index: u32, ours: Mac, ip: std::net::Ipv4Addr) -> NlResult<()>;
 }
 
 #[cfg(test)]

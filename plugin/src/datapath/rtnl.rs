@@ -20,6 +20,7 @@ use rtnetlink::{Handle, LinkMacVlan, LinkUnspec, RouteMessageBuilder};
 use tokio::runtime::Runtime;
 
 use super::netns::{read_sysctl_here, write_sysctl_here, NsWorker};
+use super::Mac;
 use super::{
     AddrState, LinkState, Netlink, NewMacvlan, NewRoute, NlError, NlResult, Ns, RouteState,
 };
@@ -154,6 +155,20 @@ fn route_state(msg: &RouteMessage) -> Option<RouteState> {
 }
 
 impl RtnlClient {
+    /// Runs `f` on the pod netns's worker thread (the only thread that
+    /// entered it).
+    fn on_pod_thread<T: Send + 'static>(
+        &self,
+        op: &str,
+        f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+    ) -> NlResult<T> {
+        let pod = self
+            .pod
+            .as_ref()
+            .ok_or_else(|| NlError::new(op, None, "no pod netns was given"))?;
+        pod.worker.run(f).and_then(|r| r).map_err(|e| io_err(op, e))
+    }
+
     /// `pod_netns` is None for commands that never enter the pod (STATUS).
     pub fn new(pod_netns: Option<OwnedFd>) -> NlResult<RtnlClient> {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -490,15 +505,8 @@ impl Netlink for RtnlClient {
         match ns {
             Ns::Node => read_sysctl_here(key).map_err(|e| io_err(&op, e)),
             Ns::Pod => {
-                let pod = self
-                    .pod
-                    .as_ref()
-                    .ok_or_else(|| NlError::new(&op, None, "no pod netns was given"))?;
                 let key = key.to_string();
-                pod.worker
-                    .run(move || read_sysctl_here(&key))
-                    .and_then(|r| r)
-                    .map_err(|e| io_err(&op, e))
+                self.on_pod_thread(&op, move || read_sysctl_here(&key))
             }
         }
     }
@@ -508,19 +516,35 @@ impl Netlink for RtnlClient {
         match ns {
             Ns::Node => write_sysctl_here(key, value).map_err(|e| io_err(&op, e)),
             Ns::Pod => {
-                let pod = self
-                    .pod
-                    .as_ref()
-                    .ok_or_else(|| NlError::new(&op, None, "no pod netns was given"))?;
                 let (key, value) = (key.to_string(), value.to_string());
-                pod.worker
-                    .run(move || write_sysctl_here(&key, &value))
-                    .and_then(|r| r)
-                    .map_err(|e| io_err(&op, e))
+                self.on_pod_thread(&op, move || write_sysctl_here(&key, &value))
             }
         }
     }
+
+    fn arp_probe(
+        &mut self,
+        index: u32,
+        ours: Mac,
+        ip: std::net::Ipv4Addr,
+        spec: super::arp::ProbeSpec,
+    ) -> NlResult<Option<Mac>> {
+        let op = format!("ARP-probe {ip} in the pod netns");
+        self.on_pod_thread(&op, move || super::arp::probe_here(index, ours, ip, spec))
+    }
+
+    fn arp_announce(&mut self, index: u32, ours: Mac, ip: std::net::Ipv4Addr) -> NlResult<()> {
+        let op = format!("announce {ip} in the pod netns");
+        self.on_pod_thread(&op, move || {
+            super::arp::announce_here(index, ours, ip, ANNOUNCE_COUNT, ANNOUNCE_INTERVAL)
+        })
+    }
 }
+
+/// Two gratuitous ARPs (RFC 5227's ANNOUNCE_NUM), the second for a peer
+/// that dropped the first; short spacing, because ADD waits for them.
+const ANNOUNCE_COUNT: u32 = 2;
+const ANNOUNCE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
 
 fn addr_state(msg: &AddressMessage) -> Option<AddrState> {
     let mut addr = None;
