@@ -1010,3 +1010,63 @@ fn neighbour_mac(netns: &str, ip: &str) -> Option<String> {
     let v: Value = serde_json::from_slice(&out.stdout).ok()?;
     v[0]["lladdr"].as_str().map(str::to_string)
 }
+
+/// `stickyMac`: the workload keeps its MAC on the new node, so the router's
+/// neighbour entry stays valid; and the probe still catches a split brain
+/// even though the old holder has the very same MAC.
+#[test]
+fn sticky_mac_survives_a_reschedule_and_split_brain_is_still_caught() {
+    let (mut topo, api) = cluster(2);
+    let sticky = |topo: &Topology, node: usize| {
+        let mut c = conf(topo, &api, node, json!({}));
+        c["stickyMac"] = json!(true);
+        c
+    };
+    let run = |topo: &Topology, node: usize, pod: &Pod, cid: &str, args: &str| {
+        CniCall::new(
+            &our_plugin(),
+            &topo.node(node).netns,
+            "ADD",
+            sticky(topo, node),
+        )
+        .container(cid)
+        .netns(&pod.path)
+        .args(args)
+        .run()
+    };
+    let set = api.add_stateful_set(NS, "sm");
+    let uid = api.add_pod(NS, "sm-0", &api.node(1), Some(("sm", &set)), None);
+    let old = topo.add_pod("sm-0-old");
+    let x = address(&run(&topo, 0, &old, "sm-old", &k8s("sm-0", &uid)));
+    let mac = link_mac(&old.netns, "net1");
+    assert!(mac.starts_with(|c: char| c.is_ascii_hexdigit()), "{mac}");
+    let router = topo.router.clone();
+    assert!(topo.ping_eventually(&router, &x, 3));
+    assert_eq!(neighbour_mac(&router, &x).as_deref(), Some(mac.as_str()));
+
+    api.remove_pod(NS, "sm-0");
+    let uid2 = api.add_pod(NS, "sm-0", &api.node(2), Some(("sm", &set)), None);
+    let new = topo.add_pod("sm-0-new");
+    let refused = run(&topo, 1, &new, "sm-new", &k8s("sm-0", &uid2));
+    assert_eq!(
+        refused.code(),
+        Some(11),
+        "a same-MAC old holder must still be caught: {}",
+        refused.stdout
+    );
+    assert!(refused.msg().contains(&mac), "{}", refused.msg());
+
+    let old_ns = old.netns.clone();
+    topo.delete_netns(&old_ns);
+    assert_eq!(
+        address(&run(&topo, 1, &new, "sm-new", &k8s("sm-0", &uid2))),
+        x
+    );
+    assert_eq!(
+        link_mac(&new.netns, "net1"),
+        mac,
+        "the MAC moved with the workload"
+    );
+    assert_eq!(neighbour_mac(&router, &x).as_deref(), Some(mac.as_str()));
+    assert!(topo.ping_eventually(&router, &x, 3));
+}

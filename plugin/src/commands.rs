@@ -137,7 +137,7 @@ pub fn add(
         None => finish_l2(env, conf, nl, &link, prev),
         Some(ipam) => ipam.add().and_then(|allocated| {
             let taken = ipam.taken_over();
-            finish_l3(env, conf, nl, &link, allocated, &taken, prev).map_err(|e| {
+            finish_l3(env, conf, nl, &link, mac.is_none(), allocated, &taken, prev).map_err(|e| {
                 let release = ipam
                     .undo_add()
                     .map_err(|r| r.context("cannot release the IPAM after a failed ADD"));
@@ -146,6 +146,39 @@ pub fn add(
         }),
     };
     result.map_err(|e| macvlan::with_cleanup(e, macvlan::discard_link(nl, &link)))
+}
+
+/// The workload's MAC under `stickyMac`: derived from its first IPv4
+/// address, else its first address.
+fn sticky_mac_for(conf: &NetConf, allocated: &CniOutput) -> Option<crate::datapath::Mac> {
+    let first = allocated
+        .ips
+        .iter()
+        .map(|i| i.address.addr())
+        .find(|a| a.is_ipv4())
+        .or_else(|| allocated.ips.first().map(|i| i.address.addr()))?;
+    Some(macvlan::sticky_mac(&conf.common.name, first))
+}
+
+/// The link takes the workload's sticky MAC (after any probe, which must
+/// use the link's own random MAC), so peers see the same MAC wherever the
+/// workload runs.
+fn set_sticky_mac(
+    nl: &mut dyn Netlink,
+    link: &CreatedLink,
+    mac: crate::datapath::Mac,
+) -> CniResult<CreatedLink> {
+    nl.set_link_mac(Ns::Pod, link.index, mac).map_err(|e| {
+        CniError::datapath(format!(
+            "cannot set the sticky MAC {} on {:?}: {e}",
+            crate::datapath::format_mac(&mac),
+            link.name
+        ))
+    })?;
+    Ok(CreatedLink {
+        mac: Some(mac),
+        ..link.clone()
+    })
 }
 
 fn our_interface(env: &CniEnv, link: &CreatedLink) -> Interface {
@@ -180,17 +213,29 @@ fn finish_l2(
     out.to_json(conf.common.cni_version)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn finish_l3(
     env: &CniEnv,
     conf: &NetConf,
     nl: &mut dyn Netlink,
     link: &CreatedLink,
+    no_mac_given: bool,
     allocated: CniOutput,
     taken_over: &[std::net::IpAddr],
     prev: Option<CniOutput>,
 ) -> CniResult<Value> {
-    let (mut out, index) = merge_interface(prev, our_interface(env, link));
-    let mut ips = allocated.ips;
+    let mut ips = allocated.ips.clone();
+    let sticky = if conf.sticky_mac && no_mac_given {
+        sticky_mac_for(conf, &allocated)
+    } else {
+        None
+    };
+    // The interface is reported with the MAC it ends up with.
+    let reported = CreatedLink {
+        mac: sticky.or(link.mac),
+        ..link.clone()
+    };
+    let (mut out, index) = merge_interface(prev, our_interface(env, &reported));
     for ip in &mut ips {
         ip.interface = Some(index);
     }
@@ -214,8 +259,14 @@ fn finish_l3(
         .collect();
     let probing = conf.probe.spec.count > 0 && !probed.is_empty();
     if probing {
+        // With the link's own random MAC: a sticky MAC is the old holder's
+        // too, and its reply to that MAC would never leave its node.
         macvlan::probe_addresses(nl, link, &probed, conf.probe.spec)?;
     }
+    let link = &match sticky {
+        Some(mac) => set_sticky_mac(nl, link, mac)?,
+        None => link.clone(),
+    };
     macvlan::configure_l3(nl, link, &ips, &allocated.routes)?;
     if probing {
         macvlan::announce_addresses(nl, link, &probed);
@@ -538,6 +589,49 @@ mod tests {
         )
         .unwrap();
         assert!(pos(&fresh, "arp_probe").is_some());
+    }
+
+    #[test]
+    fn sticky_mac_follows_the_address_unless_a_mac_is_given() {
+        let mut n = nl();
+        let out = add(
+            &env(),
+            &conf("1.0.0", json!({"stickyMac": true})),
+            &mut n,
+            Some(&mut FakeIpam::default()),
+        )
+        .unwrap();
+        let want =
+            crate::datapath::format_mac(&macvlan::sticky_mac("n", "10.0.0.5".parse().unwrap()));
+        assert_eq!(out["interfaces"][0]["mac"], want.as_str());
+        let set = n
+            .calls
+            .iter()
+            .position(|c| c.starts_with("set_link_mac"))
+            .expect("MAC set");
+        let up = n
+            .calls
+            .iter()
+            .position(|c| c.starts_with("set_link_up"))
+            .expect("link up");
+        assert!(
+            set < up,
+            "the MAC is set while the link is down: {:?}",
+            n.calls
+        );
+        let mut given = nl();
+        let out = add(
+            &env(),
+            &conf(
+                "1.0.0",
+                json!({"stickyMac": true, "mac": "02:aa:bb:cc:dd:ee"}),
+            ),
+            &mut given,
+            Some(&mut FakeIpam::default()),
+        )
+        .unwrap();
+        assert_eq!(out["interfaces"][0]["mac"], "02:aa:bb:cc:dd:ee");
+        assert!(!given.calls.iter().any(|c| c.starts_with("set_link_mac")));
     }
 
     #[test]

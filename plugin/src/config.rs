@@ -55,6 +55,8 @@ pub struct NetConf {
     pub link_in_container: bool,
     pub bc_queue_len: Option<u32>,
     pub probe: ProbeConf,
+    /// Derive the MAC from the workload's address (unless one is given).
+    pub sticky_mac: bool,
 }
 
 /// `"probe"`: the ARP check before an IPv4 address is bound.
@@ -111,6 +113,7 @@ struct RawMacvlan {
     link_in_container: Option<bool>,
     bcqueuelen: Option<u32>,
     probe: Option<RawProbe>,
+    sticky_mac: Option<bool>,
 }
 
 impl NetConf {
@@ -134,6 +137,7 @@ impl NetConf {
             link_in_container: raw.link_in_container.unwrap_or(false),
             bc_queue_len: raw.bcqueuelen,
             probe: ProbeConf::parse(raw.probe)?,
+            sticky_mac: raw.sticky_mac.unwrap_or(false),
         })
     }
 }

@@ -116,12 +116,11 @@ impl ArpMessage {
     }
 }
 
-/// The MAC of another host that `msg` shows using or wanting `ip`
-/// (RFC 5227 section 2.1.1), if any.
-pub fn conflicting_mac(msg: &ArpMessage, ours: Mac, ip: Ipv4Addr) -> Option<Mac> {
-    if msg.sender_mac == ours {
-        return None;
-    }
+/// The MAC of the host that `msg`, received from the wire, shows using or
+/// wanting `ip` (RFC 5227 section 2.1.1), if any. The sender's MAC may be
+/// ours: with `stickyMac` the old holder has the same one, which is why
+/// our own frames are told apart by packet type, not by MAC.
+pub fn conflicting_mac(msg: &ArpMessage, ip: Ipv4Addr) -> Option<Mac> {
     let claims_it = msg.sender_ip == ip && (msg.op == ARP_REPLY || msg.op == ARP_REQUEST);
     let probes_it =
         msg.op == ARP_REQUEST && msg.sender_ip == Ipv4Addr::UNSPECIFIED && msg.target_ip == ip;
@@ -206,7 +205,8 @@ impl ArpSocket {
         Ok(())
     }
 
-    /// The next ARP message, or None once `until` has passed.
+    /// The next ARP message from the wire (our own outgoing frames are
+    /// skipped), or None once `until` has passed.
     fn receive(&self, until: Instant) -> io::Result<Option<ArpMessage>> {
         loop {
             let left = until.saturating_duration_since(Instant::now());
@@ -232,13 +232,18 @@ impl ArpSocket {
                 return Ok(None);
             }
             let mut buf = [0u8; 128];
-            // SAFETY: recv(2) into a buffer we own, of the stated length.
+            // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
+            let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            let mut from_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+            // SAFETY: recvfrom(2) into buffers we own, of the stated lengths.
             let n = unsafe {
-                libc::recv(
+                libc::recvfrom(
                     std::os::fd::AsRawFd::as_raw_fd(&self.fd),
                     buf.as_mut_ptr().cast(),
                     buf.len(),
                     libc::MSG_DONTWAIT,
+                    std::ptr::addr_of_mut!(from).cast(),
+                    &mut from_len,
                 )
             };
             if n < 0 {
@@ -250,6 +255,9 @@ impl ArpSocket {
                     continue;
                 }
                 return Err(e);
+            }
+            if from.sll_pkttype == libc::PACKET_OUTGOING {
+                continue;
             }
             let len = usize::try_from(n).unwrap_or(0);
             if let Some(msg) = ArpMessage::decode(&buf[..len]) {
@@ -277,7 +285,7 @@ pub fn probe_here(
         sock.send(&probe)?;
         let until = Instant::now() + spec.interval;
         while let Some(msg) = sock.receive(until)? {
-            if let Some(mac) = conflicting_mac(&msg, ours, ip) {
+            if let Some(mac) = conflicting_mac(&msg, ip) {
                 return Ok(Some(mac));
             }
         }
@@ -366,9 +374,9 @@ mod tests {
                 true,
             ),
             (
-                "our own probe echoed",
-                msg(ARP_REQUEST, OURS, "0.0.0.0", "10.0.0.5"),
-                false,
+                "the old holder with our (sticky) MAC",
+                msg(ARP_REPLY, OURS, "10.0.0.5", "0.0.0.0"),
+                true,
             ),
             (
                 "someone asking for it (not using it)",
@@ -382,7 +390,7 @@ mod tests {
             ),
         ];
         for (name, m, conflict) in cases {
-            assert_eq!(conflicting_mac(&m, OURS, x).is_some(), conflict, "{name}");
+            assert_eq!(conflicting_mac(&m, x).is_some(), conflict, "{name}");
         }
     }
 }

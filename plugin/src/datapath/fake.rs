@@ -160,6 +160,12 @@ impl Netlink for FakeNetlink {
         Ok(())
     }
 
+    fn set_link_mac(&mut self, ns: Ns, index: u32, mac: Mac) -> NlResult<()> {
+        self.maybe_fail("set_link_mac", format!("set_link_mac {ns:?} {index}"))?;
+        self.link_mut(ns, index)?.state.mac = Some(mac);
+        Ok(())
+    }
+
     fn delete_link(&mut self, ns: Ns, index: u32) -> NlResult<()> {
         self.maybe_fail("delete_link", format!("delete_link {ns:?} {index}"))?;
         let links = self.links.entry(ns).or_default();

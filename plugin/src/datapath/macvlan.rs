@@ -326,6 +326,36 @@ fn settle_addresses(nl: &mut dyn Netlink, link: &CreatedLink) -> CniResult<()> {
     }
 }
 
+/// A workload's MAC that follows its address across reschedules (the
+/// `stickyMac` option): locally administered and unicast, 14 bits from the
+/// network's name and the 32 bits of the IPv4 address (for IPv6, its low
+/// 32 bits). Addresses are unique in a network, so within one network (and
+/// a v6 range under 2^32 addresses) no two claims share a MAC.
+pub fn sticky_mac(network: &str, ip: std::net::IpAddr) -> Mac {
+    // FNV-1a: stable across releases and platforms, no key needed.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in network.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let net = h.to_be_bytes();
+    let low: [u8; 4] = match ip {
+        std::net::IpAddr::V4(v4) => v4.octets(),
+        std::net::IpAddr::V6(v6) => {
+            let o = v6.octets();
+            [o[12], o[13], o[14], o[15]]
+        }
+    };
+    [
+        (net[0] & 0xfc) | 0x02,
+        net[1],
+        low[0],
+        low[1],
+        low[2],
+        low[3],
+    ]
+}
+
 /// Before IPv4 addresses taken over from another holder are bound: brings
 /// the link up without them and ARP-probes each (RFC 5227). An answer from
 /// another MAC means the old holder is still on the wire, whatever the
@@ -495,6 +525,18 @@ mod tests {
             address: s.parse().unwrap(),
             gateway: gw.map(|g| g.parse().unwrap()),
         }
+    }
+
+    #[test]
+    fn sticky_macs_are_local_unicast_and_follow_the_address() {
+        let a = sticky_mac("fabric", "172.31.59.2".parse().unwrap());
+        assert_eq!(a[0] & 0x03, 0x02, "locally administered, unicast");
+        assert_eq!(&a[2..], &[172, 31, 59, 2]);
+        assert_eq!(a, sticky_mac("fabric", "172.31.59.2".parse().unwrap()));
+        assert_ne!(a, sticky_mac("fabric", "172.31.59.3".parse().unwrap()));
+        assert_ne!(a, sticky_mac("other", "172.31.59.2".parse().unwrap()));
+        let v6 = sticky_mac("fabric", "fd00::1:2".parse().unwrap());
+        assert_eq!(&v6[2..], &[0, 1, 0, 2]);
     }
 
     #[test]

@@ -158,6 +158,8 @@ pub trait Netlink {
     fn create_macvlan(&mut self, req: &NewMacvlan) -> NlResult<()>;
     fn rename_link(&mut self, ns: Ns, index: u32, name: &str) -> NlResult<()>;
     fn set_link_up(&mut self, ns: Ns, index: u32) -> NlResult<()>;
+    /// Sets the MAC of a link that is still down.
+    fn set_link_mac(&mut self, ns: Ns, index: u32, mac: Mac) -> NlResult<()>;
     fn delete_link(&mut self, ns: Ns, index: u32) -> NlResult<()>;
     fn add_address(&mut self, ns: Ns, index: u32, addr: IpNet) -> NlResult<()>;
     fn addresses(&mut self, ns: Ns, index: u32) -> NlResult<Vec<AddrState>>;

@@ -383,6 +383,22 @@ impl Netlink for RtnlClient {
         })
     }
 
+    fn set_link_mac(&mut self, ns: Ns, index: u32, mac: Mac) -> NlResult<()> {
+        let handle = self.handle(ns)?;
+        let msg = LinkUnspec::new_with_index(index)
+            .address(mac.to_vec())
+            .build();
+        let op = format!("set the MAC of link {index} in the {ns}");
+        self.rt.block_on(async {
+            handle
+                .link()
+                .set(msg)
+                .execute()
+                .await
+                .map_err(|e| nl_err(&op, e))
+        })
+    }
+
     fn delete_link(&mut self, ns: Ns, index: u32) -> NlResult<()> {
         let handle = self.handle(ns)?;
         let op = format!("delete link {index} in the {ns}");
