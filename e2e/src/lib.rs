@@ -249,7 +249,17 @@ impl Topology {
 
     /// Deletes a netns: for a node, a crash (its uplink and every macvlan on
     /// it die with it).
+    ///
+    /// Its links go first, synchronously: the kernel tears a deleted netns
+    /// down asynchronously, and until then its macvlans still answer ARP,
+    /// which a crashed machine does not (and which the plugin's probe
+    /// would rightly refuse to take over from).
     pub fn delete_netns(&mut self, name: &str) {
+        for link in links_in(name).iter().filter(|l| l.as_str() != "lo") {
+            let _ = Command::new("ip")
+                .args(["-n", name, "link", "del", link])
+                .output();
+        }
         ip(&["netns", "del", name]);
         self.namespaces.retain(|n| n != name);
     }
