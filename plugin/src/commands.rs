@@ -148,6 +148,12 @@ pub fn add(
     result.map_err(|e| macvlan::with_cleanup(e, macvlan::discard_link(nl, &link)))
 }
 
+/// `gatewayCheck`: three ARP requests 200 ms apart (0.6 s at most).
+const GATEWAY_CHECK: crate::datapath::arp::ProbeSpec = crate::datapath::arp::ProbeSpec {
+    count: 3,
+    interval: std::time::Duration::from_millis(200),
+};
+
 /// The workload's MAC under `stickyMac`: derived from its first IPv4
 /// address, else its first address.
 fn sticky_mac_for(conf: &NetConf, allocated: &CniOutput) -> Option<crate::datapath::Mac> {
@@ -270,6 +276,9 @@ fn finish_l3(
     macvlan::configure_l3(nl, link, &ips, &allocated.routes)?;
     if probing {
         macvlan::announce_addresses(nl, link, &probed);
+    }
+    if conf.gateway_check {
+        macvlan::check_gateways(nl, link, &ips, GATEWAY_CHECK)?;
     }
     // A taken-over IPv6 address is confirmed by the kernel's DAD.
     if taken_over.iter().any(|a| a.is_ipv6()) {
@@ -632,6 +641,47 @@ mod tests {
         .unwrap();
         assert_eq!(out["interfaces"][0]["mac"], "02:aa:bb:cc:dd:ee");
         assert!(!given.calls.iter().any(|c| c.starts_with("set_link_mac")));
+    }
+
+    #[test]
+    fn gateway_check_fails_the_add_when_the_gateway_is_silent() {
+        let mut silent = nl();
+        let mut ipam = FakeIpam::default();
+        let e = add(
+            &env(),
+            &conf("1.0.0", json!({"gatewayCheck": true})),
+            &mut silent,
+            Some(&mut ipam),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert!(
+            e.msg.contains("gateway 10.0.0.1 did not answer"),
+            "{}",
+            e.msg
+        );
+        assert!(silent.link_names(Ns::Pod).is_empty());
+        assert_eq!(ipam.dels, 1);
+        let mut answered = nl();
+        answered
+            .arp_owners
+            .insert("10.0.0.1".parse().unwrap(), [2, 0, 0, 0, 0, 1]);
+        add(
+            &env(),
+            &conf("1.0.0", json!({"gatewayCheck": true})),
+            &mut answered,
+            Some(&mut FakeIpam::default()),
+        )
+        .unwrap();
+        let mut off = nl();
+        add(
+            &env(),
+            &conf("1.0.0", json!({})),
+            &mut off,
+            Some(&mut FakeIpam::default()),
+        )
+        .unwrap();
+        assert!(!off.calls.iter().any(|c| c.starts_with("arp_resolve")));
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub struct NetConf {
     pub probe: ProbeConf,
     /// Derive the MAC from the workload's address (unless one is given).
     pub sticky_mac: bool,
+    /// After ADD, each IPv4 gateway must answer ARP.
+    pub gateway_check: bool,
 }
 
 /// `"probe"`: the ARP check before an IPv4 address is bound.
@@ -114,6 +116,7 @@ struct RawMacvlan {
     bcqueuelen: Option<u32>,
     probe: Option<RawProbe>,
     sticky_mac: Option<bool>,
+    gateway_check: Option<bool>,
 }
 
 impl NetConf {
@@ -138,6 +141,7 @@ impl NetConf {
             bc_queue_len: raw.bcqueuelen,
             probe: ProbeConf::parse(raw.probe)?,
             sticky_mac: raw.sticky_mac.unwrap_or(false),
+            gateway_check: raw.gateway_check.unwrap_or(false),
         })
     }
 }

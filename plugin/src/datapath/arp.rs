@@ -127,6 +127,11 @@ pub fn conflicting_mac(msg: &ArpMessage, ip: Ipv4Addr) -> Option<Mac> {
     (claims_it || probes_it).then_some(msg.sender_mac)
 }
 
+/// The MAC `msg` gives for `target`, if it is `target`'s reply.
+pub fn answer_from(msg: &ArpMessage, target: Ipv4Addr) -> Option<Mac> {
+    (msg.op == ARP_REPLY && msg.sender_ip == target).then_some(msg.sender_mac)
+}
+
 /// A packet socket for ARP bound to `ifindex`, in this thread's netns.
 struct ArpSocket {
     fd: std::os::fd::OwnedFd,
@@ -293,6 +298,35 @@ pub fn probe_here(
     Ok(None)
 }
 
+/// Asks who has `target`, from `our_ip` at `ours`, up to `spec.count`
+/// times `spec.interval` apart: the MAC that answers, or None.
+pub fn resolve_here(
+    ifindex: u32,
+    ours: Mac,
+    our_ip: Ipv4Addr,
+    target: Ipv4Addr,
+    spec: ProbeSpec,
+) -> io::Result<Option<Mac>> {
+    let sock = ArpSocket::open(ifindex)?;
+    let request = ArpMessage {
+        op: ARP_REQUEST,
+        sender_mac: ours,
+        sender_ip: our_ip,
+        target_mac: [0; 6],
+        target_ip: target,
+    };
+    for _ in 0..spec.count.max(1) {
+        sock.send(&request)?;
+        let until = Instant::now() + spec.interval;
+        while let Some(msg) = sock.receive(until)? {
+            if let Some(mac) = answer_from(&msg, target) {
+                return Ok(Some(mac));
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// Announces `ip` at `ours` with `count` gratuitous ARPs `interval` apart.
 pub fn announce_here(
     ifindex: u32,
@@ -340,6 +374,29 @@ mod tests {
         let mut not_ipv4 = bytes;
         not_ipv4[3] = 0xdd;
         assert_eq!(ArpMessage::decode(&not_ipv4), None);
+    }
+
+    #[test]
+    fn only_the_targets_reply_resolves_it() {
+        let gw = ip("10.0.0.1");
+        let reply = ArpMessage {
+            op: ARP_REPLY,
+            sender_mac: THEIRS,
+            sender_ip: gw,
+            target_mac: OURS,
+            target_ip: ip("10.0.0.5"),
+        };
+        assert_eq!(answer_from(&reply, gw), Some(THEIRS));
+        assert_eq!(answer_from(&reply, ip("10.0.0.2")), None);
+        let request = ArpMessage {
+            op: ARP_REQUEST,
+            ..reply
+        };
+        assert_eq!(
+            answer_from(&request, gw),
+            None,
+            "a request from the gateway is not an answer"
+        );
     }
 
     #[test]

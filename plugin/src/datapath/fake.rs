@@ -261,6 +261,18 @@ impl Netlink for FakeNetlink {
         Ok(self.arp_owners.get(&ip).copied())
     }
 
+    fn arp_resolve(
+        &mut self,
+        index: u32,
+        _ours: Mac,
+        _our_ip: std::net::Ipv4Addr,
+        target: std::net::Ipv4Addr,
+        _spec: super::arp::ProbeSpec,
+    ) -> NlResult<Option<Mac>> {
+        self.maybe_fail("arp_resolve", format!("arp_resolve {index} {target}"))?;
+        Ok(self.arp_owners.get(&target).copied())
+    }
+
     fn arp_announce(&mut self, index: u32, _ours: Mac, ip: std::net::Ipv4Addr) -> NlResult<()> {
         self.maybe_fail("arp_announce", format!("arp_announce {index} {ip}"))
     }

@@ -408,6 +408,45 @@ pub fn announce_addresses(nl: &mut dyn Netlink, link: &CreatedLink, ips: &[std::
     }
 }
 
+/// The `gatewayCheck` option: each IPv4 gateway must answer ARP from the
+/// new link, or the ADD fails (code 11) saying so, instead of the pod
+/// starting on a network it cannot leave.
+pub fn check_gateways(
+    nl: &mut dyn Netlink,
+    link: &CreatedLink,
+    ips: &[IpConfig],
+    spec: super::arp::ProbeSpec,
+) -> CniResult<()> {
+    let Some(mac) = link.mac else { return Ok(()) };
+    for ip in ips {
+        let (std::net::IpAddr::V4(ours), Some(std::net::IpAddr::V4(gw))) =
+            (ip.address.addr(), ip.gateway)
+        else {
+            continue;
+        };
+        match nl.arp_resolve(link.index, mac, ours, gw, spec) {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return Err(CniError::new(
+                    code::TRY_AGAIN_LATER,
+                    format!(
+                        "gateway {gw} did not answer ARP from {:?} ({ours}) within {} ms: check the master interface's VLAN, cabling and the gateway itself, or set \"gatewayCheck\": false",
+                        link.name,
+                        spec.interval.as_millis() * u128::from(spec.count.max(1))
+                    ),
+                ))
+            }
+            Err(e) => {
+                return Err(CniError::datapath(format!(
+                    "cannot check gateway {gw} from {:?}: {e}",
+                    link.name
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Waits out IPv6 duplicate address detection; dadfailed is code 11.
 pub fn settle_ipv6(nl: &mut dyn Netlink, link: &CreatedLink) -> CniResult<()> {
     settle_addresses(nl, link)

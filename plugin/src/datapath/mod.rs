@@ -177,6 +177,16 @@ pub trait Netlink {
         ip: std::net::Ipv4Addr,
         spec: arp::ProbeSpec,
     ) -> NlResult<Option<Mac>>;
+    /// Resolves `target` by ARP from link `index` (address `our_ip`) in the
+    /// pod netns: the MAC that answered, if any.
+    fn arp_resolve(
+        &mut self,
+        index: u32,
+        ours: Mac,
+        our_ip: std::net::Ipv4Addr,
+        target: std::net::Ipv4Addr,
+        spec: arp::ProbeSpec,
+    ) -> NlResult<Option<Mac>>;
     /// Gratuitous ARPs for `ip` from link `index` in the pod netns.
     fn arp_announce(&mut self, index: u32, ours: Mac, ip: std::net::Ipv4Addr) -> NlResult<()>;
 }

@@ -549,6 +549,20 @@ impl Netlink for RtnlClient {
         self.on_pod_thread(&op, move || super::arp::probe_here(index, ours, ip, spec))
     }
 
+    fn arp_resolve(
+        &mut self,
+        index: u32,
+        ours: Mac,
+        our_ip: std::net::Ipv4Addr,
+        target: std::net::Ipv4Addr,
+        spec: super::arp::ProbeSpec,
+    ) -> NlResult<Option<Mac>> {
+        let op = format!("resolve {target} by ARP in the pod netns");
+        self.on_pod_thread(&op, move || {
+            super::arp::resolve_here(index, ours, our_ip, target, spec)
+        })
+    }
+
     fn arp_announce(&mut self, index: u32, ours: Mac, ip: std::net::Ipv4Addr) -> NlResult<()> {
         let op = format!("announce {ip} in the pod netns");
         self.on_pod_thread(&op, move || {
