@@ -106,3 +106,116 @@ fn libcni_add_check_ping_del_with_capabilities() {
     assert!(interface_state(&pod.netns, "net1").is_null());
     assert!(configs::host_local_allocations(&dir).is_empty());
 }
+
+/// Runs the libcni driver on `conflist` for one attachment.
+fn drive(
+    topo: &Topology,
+    conflist: &std::path::Path,
+    pod: &sticky_e2e::Pod,
+    container: &str,
+    uid: &str,
+    actions: &[&str],
+) -> (bool, String, String) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &topo.node(0).netns])
+        .arg(driver())
+        .args([
+            "-conflist",
+            &conflist.to_string_lossy(),
+            "-netns",
+            &pod.path,
+        ])
+        .args(["-container", container, "-ifname", "net1"])
+        .args(["-cni-path", &sticky_e2e::cni_path_with_ours()])
+        .args(["-cache-dir", &topo.file("cache").to_string_lossy()])
+        .args(["-pod-namespace", "db", "-pod-name", "db-0", "-pod-uid", uid])
+        .args(actions)
+        .output()
+        .expect("run libcni-driver");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// Dual-stack through libcni: ADD, CHECK and DEL of sticky-ipam with one
+/// IPv4 and one IPv6 range set give the same result as the reference
+/// macvlan + host-local on the same ranges; and the pod's next sandbox
+/// gets both addresses back.
+#[test]
+fn libcni_dual_stack_matches_the_reference_and_sticks() {
+    let mut topo = Topology::new(1);
+    let mut results = Vec::new();
+    for (name, plugin, ipam_type) in [
+        ("ref", "macvlan", "host-local"),
+        ("ours", "sticky-macvlan", "sticky-ipam"),
+    ] {
+        let mut ipam = configs::host_local_dual_stack(&topo.file(&format!("{name}-store")));
+        ipam["type"] = json!(ipam_type);
+        if ipam_type == "sticky-ipam" {
+            ipam["identityPolicy"] = json!("podName");
+        }
+        let net = configs::macvlan(plugin, "1.0.0", "uplink0", ipam);
+        let list = json!({"cniVersion": "1.0.0", "name": "macnet", "plugins": [net]});
+        let conflist = topo.file(&format!("{name}.conflist"));
+        std::fs::write(&conflist, list.to_string()).expect("write conflist");
+        let pod = topo.add_pod(&format!("{name}-ds"));
+        let (ok, stdout, stderr) = drive(
+            &topo,
+            &conflist,
+            &pod,
+            &format!("{name}-1"),
+            "uid-1",
+            &["add"],
+        );
+        assert!(ok, "{name}: libcni ADD failed: {stderr}");
+        let result: serde_json::Value = serde_json::from_str(stdout.trim()).expect("result JSON");
+        let (ok, _, stderr) = drive(
+            &topo,
+            &conflist,
+            &pod,
+            &format!("{name}-1"),
+            "uid-1",
+            &["check"],
+        );
+        assert!(ok, "{name}: libcni CHECK failed: {stderr}");
+        let (ok, _, stderr) = drive(
+            &topo,
+            &conflist,
+            &pod,
+            &format!("{name}-1"),
+            "uid-1",
+            &["del"],
+        );
+        assert!(ok, "{name}: libcni DEL failed: {stderr}");
+        assert!(interface_state(&pod.netns, "net1").is_null());
+        if name == "ours" {
+            // The pod's next sandbox: both addresses come back.
+            let again_pod = topo.add_pod("ours-ds-2");
+            let (ok, stdout, stderr) =
+                drive(&topo, &conflist, &again_pod, "ours-2", "uid-2", &["add"]);
+            assert!(ok, "libcni ADD of the next sandbox failed: {stderr}");
+            let again: serde_json::Value =
+                serde_json::from_str(stdout.trim()).expect("result JSON");
+            assert_eq!(
+                again["ips"], result["ips"],
+                "the sticky addresses came back"
+            );
+            drive(&topo, &conflist, &again_pod, "ours-2", "uid-2", &["del"]);
+        }
+        results.push(result);
+    }
+    assert_eq!(
+        results[0]["ips"].as_array().map(Vec::len),
+        Some(2),
+        "{}",
+        results[0]
+    );
+    assert_eq!(
+        results[1]["ips"], results[0]["ips"],
+        "ours: {} reference: {}",
+        results[1], results[0]
+    );
+    assert_eq!(results[1]["routes"], results[0]["routes"]);
+}
