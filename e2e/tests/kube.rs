@@ -701,6 +701,24 @@ fn dual_stack_statefulset_pod_moves_with_both_addresses() {
     let claims = api.claims();
     assert_eq!(claims.len(), 2);
     assert_claim_invariants(&claims);
+    let router = topo.router.clone();
+    let v6 = got[1].split('/').next().unwrap_or_default().to_string();
+    let ping6 = |target: &str| {
+        Command::new("ip")
+            .args([
+                "netns", "exec", &router, "ping", "-6", "-c", "1", "-W", "2", target,
+            ])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    // The router learns the first MAC for the IPv6 address.
+    assert!((0..5).any(|_| ping6(&v6)), "router cannot reach {v6}");
+    let old_mac = link_mac(&first.netns, "net1");
+    assert_eq!(
+        neighbour_mac(&router, &v6).as_deref(),
+        Some(old_mac.as_str())
+    );
 
     topo.crash_node(0, &[&first]);
     api.remove_pod(NS, "ds-0");
@@ -710,23 +728,24 @@ fn dual_stack_statefulset_pod_moves_with_both_addresses() {
     let again = moved.addresses();
     assert_eq!(again, got);
     check(&topo, 1, &moved, &second, "ds-b", &k8s("ds-0", &uid2));
-    let router = topo.router.clone();
+    // Unsolicited neighbour advertisement (ndisc_notify, after DAD): the
+    // router's entry moves to the new MAC without it asking.
+    let new_mac = link_mac(&second.netns, "net1");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while neighbour_mac(&router, &v6).as_deref() != Some(new_mac.as_str()) {
+        assert!(
+            Instant::now() < deadline,
+            "the router still has {:?} for {v6}, not {new_mac}",
+            neighbour_mac(&router, &v6)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let v4 = got[0].split('/').next().unwrap_or_default().to_string();
     assert!(
         topo.ping_eventually(&router, &v4, 5),
         "router cannot reach {v4}"
     );
-    let v6 = got[1].split('/').next().unwrap_or_default().to_string();
-    let v6_ok = (0..5).any(|_| {
-        Command::new("ip")
-            .args([
-                "netns", "exec", &router, "ping", "-6", "-c", "1", "-W", "2", &v6,
-            ])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
-    });
-    assert!(v6_ok, "router cannot reach {v6}");
+    assert!((0..5).any(|_| ping6(&v6)), "router cannot reach {v6}");
     let claims = api.claims();
     assert_eq!(claims.len(), 2);
     assert!(claims
