@@ -103,6 +103,18 @@ fn wait_for(
     }
 }
 
+/// Waits until the speaker's route is in bird's table.
+fn wait_for_route(router: &str, sock: &Path) {
+    let prefix = ADVERTISED.split('/').next().unwrap_or_default();
+    wait_for(
+        router,
+        sock,
+        "show route protocol speaker",
+        Duration::from_secs(15),
+        |o| o.contains(prefix),
+    );
+}
+
 fn established(out: &str) -> bool {
     out.lines()
         .any(|l| l.starts_with("speaker") && l.contains("Established"))
@@ -212,13 +224,7 @@ fn bgp_session_survives_a_reschedule() {
         established,
     );
     advertise(&pod1);
-    wait_for(
-        &router,
-        &sock,
-        "show route protocol speaker",
-        Duration::from_secs(15),
-        |o| o.contains(ADVERTISED.split('/').next().unwrap_or_default()),
-    );
+    wait_for_route(&router, &sock);
 
     // node1 crashes: the speaker dies with it, nobody runs DEL.
     drop(gobgp1);
@@ -240,13 +246,7 @@ fn bgp_session_survives_a_reschedule() {
     );
     let to_established = started.elapsed();
     advertise(&pod2);
-    wait_for(
-        &router,
-        &sock,
-        "show route protocol speaker",
-        Duration::from_secs(15),
-        |o| o.contains(ADVERTISED.split('/').next().unwrap_or_default()),
-    );
+    wait_for_route(&router, &sock);
     assert_eq!(
         std::fs::read_to_string(&bird_conf).expect("read bird config"),
         bird_conf_text,

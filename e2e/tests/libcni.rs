@@ -37,45 +37,20 @@ fn libcni_add_check_ping_del_with_capabilities() {
     let list = json!({"cniVersion": "1.0.0", "name": "macnet", "plugins": [our, {"type": "tuning", "mtu": 1450}]});
     let conflist = topo.file("net.conflist");
     std::fs::write(&conflist, list.to_string()).expect("write conflist");
-    let cni_path = sticky_e2e::cni_path_with_ours();
-    let cache = topo.file("cache");
+    let ips = format!("{SUBNET_PREFIX}.77/24");
+    let capabilities = [
+        "-pod-namespace",
+        "bgp",
+        "-pod-name",
+        "speaker-0",
+        "-mac",
+        "02:13:00:00:00:77",
+        "-ips",
+        &ips,
+    ];
     let run = |actions: &[&str]| {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &topo.node(0).netns])
-            .arg(driver())
-            .args([
-                "-conflist",
-                &conflist.to_string_lossy(),
-                "-netns",
-                &pod.path,
-                "-container",
-                "libcni-ctr",
-                "-ifname",
-                "net1",
-            ])
-            .args([
-                "-cni-path",
-                &cni_path,
-                "-cache-dir",
-                &cache.to_string_lossy(),
-            ])
-            .args([
-                "-pod-namespace",
-                "bgp",
-                "-pod-name",
-                "speaker-0",
-                "-mac",
-                "02:13:00:00:00:77",
-            ])
-            .args(["-ips", &format!("{SUBNET_PREFIX}.77/24")])
-            .args(actions)
-            .output()
-            .expect("run libcni-driver");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).to_string(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
+        let args: Vec<&str> = capabilities.iter().chain(actions).copied().collect();
+        drive(&topo, &conflist, &pod, "libcni-ctr", &args)
     };
     let (ok, stdout, stderr) = run(&["add"]);
     assert!(ok, "libcni ADD failed: {stderr}");
@@ -107,14 +82,14 @@ fn libcni_add_check_ping_del_with_capabilities() {
     assert!(configs::host_local_allocations(&dir).is_empty());
 }
 
-/// Runs the libcni driver on `conflist` for one attachment.
+/// Runs the libcni driver on `conflist` for one attachment; `args` are the
+/// driver's pod and capability flags, then the actions.
 fn drive(
     topo: &Topology,
     conflist: &std::path::Path,
     pod: &sticky_e2e::Pod,
     container: &str,
-    uid: &str,
-    actions: &[&str],
+    args: &[&str],
 ) -> (bool, String, String) {
     let out = Command::new("ip")
         .args(["netns", "exec", &topo.node(0).netns])
@@ -128,8 +103,7 @@ fn drive(
         .args(["-container", container, "-ifname", "net1"])
         .args(["-cni-path", &sticky_e2e::cni_path_with_ours()])
         .args(["-cache-dir", &topo.file("cache").to_string_lossy()])
-        .args(["-pod-namespace", "db", "-pod-name", "db-0", "-pod-uid", uid])
-        .args(actions)
+        .args(args)
         .output()
         .expect("run libcni-driver");
     (
@@ -137,6 +111,19 @@ fn drive(
         String::from_utf8_lossy(&out.stdout).to_string(),
         String::from_utf8_lossy(&out.stderr).to_string(),
     )
+}
+
+/// The driver flags for pod db/db-0 with `uid`, then `action`.
+fn db_pod<'a>(uid: &'a str, action: &'a str) -> [&'a str; 7] {
+    [
+        "-pod-namespace",
+        "db",
+        "-pod-name",
+        "db-0",
+        "-pod-uid",
+        uid,
+        action,
+    ]
 }
 
 /// Dual-stack through libcni: ADD, CHECK and DEL of sticky-ipam with one
@@ -166,8 +153,7 @@ fn libcni_dual_stack_matches_the_reference_and_sticks() {
             &conflist,
             &pod,
             &format!("{name}-1"),
-            "uid-1",
-            &["add"],
+            &db_pod("uid-1", "add"),
         );
         assert!(ok, "{name}: libcni ADD failed: {stderr}");
         let result: serde_json::Value = serde_json::from_str(stdout.trim()).expect("result JSON");
@@ -176,8 +162,7 @@ fn libcni_dual_stack_matches_the_reference_and_sticks() {
             &conflist,
             &pod,
             &format!("{name}-1"),
-            "uid-1",
-            &["check"],
+            &db_pod("uid-1", "check"),
         );
         assert!(ok, "{name}: libcni CHECK failed: {stderr}");
         let (ok, _, stderr) = drive(
@@ -185,16 +170,20 @@ fn libcni_dual_stack_matches_the_reference_and_sticks() {
             &conflist,
             &pod,
             &format!("{name}-1"),
-            "uid-1",
-            &["del"],
+            &db_pod("uid-1", "del"),
         );
         assert!(ok, "{name}: libcni DEL failed: {stderr}");
         assert!(interface_state(&pod.netns, "net1").is_null());
         if name == "ours" {
             // The pod's next sandbox: both addresses come back.
             let again_pod = topo.add_pod("ours-ds-2");
-            let (ok, stdout, stderr) =
-                drive(&topo, &conflist, &again_pod, "ours-2", "uid-2", &["add"]);
+            let (ok, stdout, stderr) = drive(
+                &topo,
+                &conflist,
+                &again_pod,
+                "ours-2",
+                &db_pod("uid-2", "add"),
+            );
             assert!(ok, "libcni ADD of the next sandbox failed: {stderr}");
             let again: serde_json::Value =
                 serde_json::from_str(stdout.trim()).expect("result JSON");
@@ -202,7 +191,13 @@ fn libcni_dual_stack_matches_the_reference_and_sticks() {
                 again["ips"], result["ips"],
                 "the sticky addresses came back"
             );
-            drive(&topo, &conflist, &again_pod, "ours-2", "uid-2", &["del"]);
+            drive(
+                &topo,
+                &conflist,
+                &again_pod,
+                "ours-2",
+                &db_pod("uid-2", "del"),
+            );
         }
         results.push(result);
     }

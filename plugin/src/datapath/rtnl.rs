@@ -155,6 +155,24 @@ fn route_state(msg: &RouteMessage) -> Option<RouteState> {
 }
 
 impl RtnlClient {
+    /// One RTM_SETLINK, its failure named by `op`.
+    fn set_link(
+        &mut self,
+        ns: Ns,
+        msg: netlink_packet_route::link::LinkMessage,
+        op: &str,
+    ) -> NlResult<()> {
+        let handle = self.handle(ns)?;
+        self.rt.block_on(async {
+            handle
+                .link()
+                .set(msg)
+                .execute()
+                .await
+                .map_err(|e| nl_err(op, e))
+        })
+    }
+
     /// Runs `f` on the pod netns's worker thread (the only thread that
     /// entered it).
     fn on_pod_thread<T: Send + 'static>(
@@ -354,49 +372,26 @@ impl Netlink for RtnlClient {
     }
 
     fn rename_link(&mut self, ns: Ns, index: u32, name: &str) -> NlResult<()> {
-        let handle = self.handle(ns)?;
         let msg = LinkUnspec::new_with_index(index)
             .name(name.to_string())
             .build();
-        let op = format!("rename link {index} to {name:?} in the {ns}");
-        self.rt.block_on(async {
-            handle
-                .link()
-                .set(msg)
-                .execute()
-                .await
-                .map_err(|e| nl_err(&op, e))
-        })
+        self.set_link(
+            ns,
+            msg,
+            &format!("rename link {index} to {name:?} in the {ns}"),
+        )
     }
 
     fn set_link_up(&mut self, ns: Ns, index: u32) -> NlResult<()> {
-        let handle = self.handle(ns)?;
         let msg = LinkUnspec::new_with_index(index).up().build();
-        let op = format!("set link {index} up in the {ns}");
-        self.rt.block_on(async {
-            handle
-                .link()
-                .set(msg)
-                .execute()
-                .await
-                .map_err(|e| nl_err(&op, e))
-        })
+        self.set_link(ns, msg, &format!("set link {index} up in the {ns}"))
     }
 
     fn set_link_mac(&mut self, ns: Ns, index: u32, mac: Mac) -> NlResult<()> {
-        let handle = self.handle(ns)?;
         let msg = LinkUnspec::new_with_index(index)
             .address(mac.to_vec())
             .build();
-        let op = format!("set the MAC of link {index} in the {ns}");
-        self.rt.block_on(async {
-            handle
-                .link()
-                .set(msg)
-                .execute()
-                .await
-                .map_err(|e| nl_err(&op, e))
-        })
+        self.set_link(ns, msg, &format!("set the MAC of link {index} in the {ns}"))
     }
 
     fn delete_link(&mut self, ns: Ns, index: u32) -> NlResult<()> {
