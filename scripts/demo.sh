@@ -51,6 +51,10 @@ echo "-- the router pings it"; ip netns exec "$P-router" ping -c 1 -W 2 172.31.5
 echo "-- a second speaker while the first is alive is refused (code 11):"
 cni ADD node2 pod-new sticky-ipam "$BIN" || true
 echo "-- node1 crashes: its netns and its pod's go, no DEL"
+# Its uplink first: that takes every macvlan on it down at once, as a crash
+# does (a deleted netns is torn down asynchronously and would go on
+# answering ARP for a moment, which sticky-macvlan's probe would refuse).
+ip -n "$P-node1" link del uplink0
 ip netns del "$P-node1"; ip netns del "$P-pod-old"
 echo "-- ADD on node2 for the same identity"; cni ADD node2 pod-new sticky-ipam "$BIN"
 echo "-- the router pings it again"; ip netns exec "$P-router" ping -c 1 -W 2 172.31.59.2 | grep 'bytes from'
