@@ -95,3 +95,55 @@ fn gateway_check_reports_a_silent_gateway() {
     assert_eq!(links_in(&bad.netns), ["lo"]);
     assert!(claims(&topo.file("store2"), "macnet").is_empty());
 }
+
+/// `gatewayCheck` on a dual-stack network: the router answers ARP for its
+/// IPv4 address and neighbour solicitations for its IPv6 one; a silent
+/// IPv6 gateway is named.
+#[test]
+fn gateway_check_covers_ipv6_gateways() {
+    let mut topo = Topology::new(1);
+    let dual = |store: std::path::PathBuf, v6_gateway: &str| {
+        let mut ipam = configs::host_local_dual_stack(&store);
+        ipam["type"] = json!("sticky-ipam");
+        ipam["ranges"][1][0]["gateway"] = json!(v6_gateway);
+        let mut c = configs::macvlan(configs::OUR_TYPE, "1.0.0", "uplink0", ipam);
+        c["gatewayCheck"] = json!(true);
+        c
+    };
+    let good = topo.add_pod("good6");
+    let ok = CniCall::new(
+        &our_plugin(),
+        &topo.node(0).netns,
+        "ADD",
+        dual(topo.file("s1"), "fd00:213::1"),
+    )
+    .container("good6")
+    .netns(&good.path)
+    .run();
+    assert!(ok.success, "{}", ok.stdout);
+    assert_eq!(ok.addresses().len(), 2);
+    // Its addresses are the next store's first ones too (DAD would
+    // rightly refuse them while it is up).
+    let good_ns = good.netns.clone();
+    topo.delete_netns(&good_ns);
+    let bad = topo.add_pod("bad6");
+    let refused = CniCall::new(
+        &our_plugin(),
+        &topo.node(0).netns,
+        "ADD",
+        dual(topo.file("s2"), "fd00:213::fe"),
+    )
+    .container("bad6")
+    .netns(&bad.path)
+    .run();
+    assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
+    assert!(
+        refused
+            .msg()
+            .contains("gateway fd00:213::fe did not answer neighbour solicitation"),
+        "{}",
+        refused.msg()
+    );
+    assert_eq!(links_in(&bad.netns), ["lo"]);
+    assert!(claims(&topo.file("s2"), "macnet").is_empty());
+}

@@ -28,6 +28,8 @@ pub struct FakeNetlink {
     pub failures: Vec<(&'static str, i32)>,
     /// Addresses another host answers ARP probes for, and its MAC.
     pub arp_owners: HashMap<std::net::Ipv4Addr, Mac>,
+    /// IPv6 neighbours that answer solicitations.
+    pub ndp_owners: HashMap<std::net::Ipv6Addr, Mac>,
     next_index: u32,
 }
 
@@ -271,6 +273,17 @@ impl Netlink for FakeNetlink {
     ) -> NlResult<Option<Mac>> {
         self.maybe_fail("arp_resolve", format!("arp_resolve {index} {target}"))?;
         Ok(self.arp_owners.get(&target).copied())
+    }
+
+    fn ndp_resolve(
+        &mut self,
+        index: u32,
+        _ours: Mac,
+        target: std::net::Ipv6Addr,
+        _spec: super::arp::ProbeSpec,
+    ) -> NlResult<Option<Option<Mac>>> {
+        self.maybe_fail("ndp_resolve", format!("ndp_resolve {index} {target}"))?;
+        Ok(self.ndp_owners.get(&target).map(|m| Some(*m)))
     }
 
     fn arp_announce(&mut self, index: u32, _ours: Mac, ip: std::net::Ipv4Addr) -> NlResult<()> {

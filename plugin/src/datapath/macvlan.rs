@@ -408,9 +408,10 @@ pub fn announce_addresses(nl: &mut dyn Netlink, link: &CreatedLink, ips: &[std::
     }
 }
 
-/// The `gatewayCheck` option: each IPv4 gateway must answer ARP from the
-/// new link, or the ADD fails (code 11) saying so, instead of the pod
-/// starting on a network it cannot leave.
+/// The `gatewayCheck` option: each gateway must answer from the new link
+/// (ARP for IPv4, a neighbour solicitation for IPv6), or the ADD fails
+/// (code 11) saying so, instead of the pod starting on a network it cannot
+/// leave.
 pub fn check_gateways(
     nl: &mut dyn Netlink,
     link: &CreatedLink,
@@ -419,29 +420,33 @@ pub fn check_gateways(
 ) -> CniResult<()> {
     let Some(mac) = link.mac else { return Ok(()) };
     for ip in ips {
-        let (std::net::IpAddr::V4(ours), Some(std::net::IpAddr::V4(gw))) =
-            (ip.address.addr(), ip.gateway)
-        else {
-            continue;
-        };
-        match nl.arp_resolve(link.index, mac, ours, gw, spec) {
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                return Err(CniError::new(
-                    code::TRY_AGAIN_LATER,
-                    format!(
-                        "gateway {gw} did not answer ARP from {:?} ({ours}) within {} ms: check the master interface's VLAN, cabling and the gateway itself, or set \"gatewayCheck\": false",
-                        link.name,
-                        spec.interval.as_millis() * u128::from(spec.count.max(1))
-                    ),
-                ))
-            }
-            Err(e) => {
-                return Err(CniError::datapath(format!(
-                    "cannot check gateway {gw} from {:?}: {e}",
-                    link.name
-                )))
-            }
+        let Some(gw) = ip.gateway else { continue };
+        let answered = match (ip.address.addr(), gw) {
+            (IpAddr::V4(ours), IpAddr::V4(gw4)) => nl
+                .arp_resolve(link.index, mac, ours, gw4, spec)
+                .map(|m| m.is_some()),
+            (IpAddr::V6(_), IpAddr::V6(gw6)) => nl
+                .ndp_resolve(link.index, mac, gw6, spec)
+                .map(|m| m.is_some()),
+            _ => continue,
+        }
+        .map_err(|e| {
+            CniError::datapath(format!(
+                "cannot check gateway {gw} from {:?}: {e}",
+                link.name
+            ))
+        })?;
+        if !answered {
+            return Err(CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!(
+                    "gateway {gw} did not answer {} from {:?} ({}) within {} ms: check the master interface's VLAN, cabling and the gateway itself, or set \"gatewayCheck\": false",
+                    if gw.is_ipv4() { "ARP" } else { "neighbour solicitation" },
+                    link.name,
+                    ip.address.addr(),
+                    spec.interval.as_millis() * u128::from(spec.count.max(1))
+                ),
+            ));
         }
     }
     Ok(())

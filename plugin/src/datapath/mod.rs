@@ -4,6 +4,7 @@
 pub mod arp;
 pub mod fake;
 pub mod macvlan;
+pub mod ndp;
 pub mod netns;
 pub mod rtnl;
 
@@ -187,6 +188,15 @@ pub trait Netlink {
         target: std::net::Ipv4Addr,
         spec: arp::ProbeSpec,
     ) -> NlResult<Option<Mac>>;
+    /// Solicits the IPv6 neighbour `target` from link `index` in the pod
+    /// netns: Some when it answered (with its MAC when it said).
+    fn ndp_resolve(
+        &mut self,
+        index: u32,
+        ours: Mac,
+        target: std::net::Ipv6Addr,
+        spec: arp::ProbeSpec,
+    ) -> NlResult<Option<Option<Mac>>>;
     /// Gratuitous ARPs for `ip` from link `index` in the pod netns.
     fn arp_announce(&mut self, index: u32, ours: Mac, ip: std::net::Ipv4Addr) -> NlResult<()>;
 }

@@ -558,6 +558,19 @@ impl Netlink for RtnlClient {
         })
     }
 
+    fn ndp_resolve(
+        &mut self,
+        index: u32,
+        ours: Mac,
+        target: std::net::Ipv6Addr,
+        spec: super::arp::ProbeSpec,
+    ) -> NlResult<Option<Option<Mac>>> {
+        let op = format!("solicit {target} in the pod netns");
+        self.on_pod_thread(&op, move || {
+            super::ndp::resolve_here(index, ours, target, spec)
+        })
+    }
+
     fn arp_announce(&mut self, index: u32, ours: Mac, ip: std::net::Ipv4Addr) -> NlResult<()> {
         let op = format!("announce {ip} in the pod netns");
         self.on_pod_thread(&op, move || {
