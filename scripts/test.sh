@@ -33,8 +33,13 @@ fi
 # The example manifests against the Kubernetes schemas, offline (the
 # validator from PyPI carries the schemas; custom kinds such as the NAD are
 # checked by e2e/tests/examples.rs instead).
-command -v kubernetes-validate >/dev/null || python3 -m pip install -q --root-user-action=ignore kubernetes-validate==1.37.0
-kubernetes-validate --strict --quiet examples/*.yaml
+if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
+    # A Debian system python refuses plain pip installs (PEP 668).
+    python3 -m pip install -q --root-user-action=ignore kubernetes-validate==1.37.0 ||
+        python3 -m pip install -q --root-user-action=ignore --break-system-packages kubernetes-validate==1.37.0
+fi
+# As a module: a fresh pyenv may not have a shim for the script yet.
+python3 -m kubernetes_validate --strict --quiet examples/*.yaml
 
 cargo fmt --check
 cargo clippy --workspace --all-targets -- -D warnings
