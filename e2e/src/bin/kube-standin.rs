@@ -168,6 +168,33 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The "group/version/plural" resources a CRD object serves, and whether
+/// each has the status subresource.
+fn served_by(crd: &Value) -> Vec<(String, bool)> {
+    let text = |p: &str| {
+        crd.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let (group, plural) = (text("/spec/group"), text("/spec/names/plural"));
+    crd.pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .map(|versions| {
+            versions
+                .iter()
+                .map(|v| {
+                    let version = v.get("name").and_then(Value::as_str).unwrap_or("");
+                    (
+                        format!("{group}/{version}/{plural}"),
+                        v.pointer("/subresources/status").is_some(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
@@ -410,24 +437,7 @@ impl State {
                     meta.remove("deletionTimestamp");
                 }
                 if t.resource == "customresourcedefinitions" {
-                    let group = obj
-                        .pointer("/spec/group")
-                        .and_then(Value::as_str)
-                        .unwrap_or("");
-                    let plural = obj
-                        .pointer("/spec/names/plural")
-                        .and_then(Value::as_str)
-                        .unwrap_or("");
-                    for v in obj
-                        .pointer("/spec/versions")
-                        .and_then(Value::as_array)
-                        .cloned()
-                        .unwrap_or_default()
-                    {
-                        let version = v.get("name").and_then(Value::as_str).unwrap_or("");
-                        let sub = v.pointer("/subresources/status").is_some();
-                        self.crds.insert(format!("{group}/{version}/{plural}"), sub);
-                    }
+                    self.crds.extend(served_by(&obj));
                 }
                 self.objects
                     .entry(t.collection.clone())
@@ -523,18 +533,9 @@ impl State {
                     m.remove(&name);
                 }
                 if t.resource == "customresourcedefinitions" {
-                    let group = current
-                        .pointer("/spec/group")
-                        .and_then(Value::as_str)
-                        .unwrap_or("");
-                    let plural = current
-                        .pointer("/spec/names/plural")
-                        .and_then(Value::as_str)
-                        .unwrap_or("");
-                    let prefix = format!("{group}/");
-                    let suffix = format!("/{plural}");
-                    self.crds
-                        .retain(|k, _| !(k.starts_with(&prefix) && k.ends_with(&suffix)));
+                    for (key, _) in served_by(&current) {
+                        self.crds.remove(&key);
+                    }
                 }
                 self.revision += 1;
                 status(200, "", format!("{} \"{name}\" deleted", t.resource))

@@ -132,6 +132,33 @@ pub fn answer_from(msg: &ArpMessage, target: Ipv4Addr) -> Option<Mac> {
     (msg.op == ARP_REPLY && msg.sender_ip == target).then_some(msg.sender_mac)
 }
 
+/// Waits until `fd` has something to read (true) or `until` passes
+/// (false); shared by the ARP and neighbour-discovery sockets.
+pub(super) fn readable_before(fd: &std::os::fd::OwnedFd, until: Instant) -> io::Result<bool> {
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        let mut pfd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(fd),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
+        // SAFETY: poll(2) on one valid pollfd.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(rc > 0);
+    }
+}
+
 /// A packet socket for ARP bound to `ifindex`, in this thread's netns.
 struct ArpSocket {
     fd: std::os::fd::OwnedFd,
@@ -214,26 +241,7 @@ impl ArpSocket {
     /// skipped), or None once `until` has passed.
     fn receive(&self, until: Instant) -> io::Result<Option<ArpMessage>> {
         loop {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
-            let mut pfd = libc::pollfd {
-                fd: std::os::fd::AsRawFd::as_raw_fd(&self.fd),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
-            // SAFETY: poll(2) on one valid pollfd.
-            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if rc == 0 {
+            if !readable_before(&self.fd, until)? {
                 return Ok(None);
             }
             let mut buf = [0u8; 128];

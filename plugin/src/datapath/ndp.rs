@@ -156,21 +156,7 @@ pub fn resolve_here(
             return Err(last_error("send a neighbour solicitation"));
         }
         let until = Instant::now() + spec.interval;
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            let mut pfd = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
-            // SAFETY: poll(2) on one valid pollfd.
-            if unsafe { libc::poll(&mut pfd, 1, ms) } <= 0 {
-                continue;
-            }
+        while super::arp::readable_before(&fd, until)? {
             let mut buf = [0u8; 256];
             // SAFETY: recv(2) into a buffer we own, of the stated length.
             let n = unsafe {
