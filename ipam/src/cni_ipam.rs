@@ -42,8 +42,9 @@ pub struct StickyIpam {
     conf: IpamConfig,
     at: Attachment,
     node: NodeFacts,
-    /// The kube client, built on first use (kubernetes store only).
-    kube: Option<Result<KubeClient, ApiError>>,
+    /// The kube client (kubernetes store only), or why it could not be
+    /// built (reported by the verb that needs it).
+    kube: Option<CniResult<KubeClient>>,
     /// The ADD request, resolved early by `prepare_add`.
     prepared: Option<AddRequest>,
     /// Set when the API did not answer while resolving the identity.
@@ -181,11 +182,21 @@ impl StickyIpam {
     pub fn new(network: &str, ipam: &Value, at: Attachment) -> CniResult<StickyIpam> {
         let conf = IpamConfig::parse(network, ipam)?;
         let node = node_facts(node_name(&conf).as_deref());
+        // Building the client reads the kubeconfig but connects nowhere.
+        let kube = match &conf.store {
+            StoreKind::Kubernetes {
+                kubeconfig,
+                timeout,
+            } => Some(
+                KubeClient::from_kubeconfig(kubeconfig, *timeout).map_err(kube_store::api_error),
+            ),
+            StoreKind::File => None,
+        };
         Ok(StickyIpam {
             conf,
             at,
             node,
-            kube: None,
+            kube,
             prepared: None,
             unreachable: None,
             committed: None,
@@ -218,17 +229,14 @@ impl StickyIpam {
     }
 
     /// The kube client, or why there is none (kubernetes store only).
-    fn client(&mut self) -> Option<Result<&KubeClient, ApiError>> {
-        if let StoreKind::Kubernetes {
-            kubeconfig,
-            timeout,
-        } = &self.conf.store
-        {
-            if self.kube.is_none() {
-                self.kube = Some(KubeClient::from_kubeconfig(kubeconfig, *timeout));
-            }
+    fn client(&self) -> CniResult<&KubeClient> {
+        match &self.kube {
+            Some(Ok(client)) => Ok(client),
+            Some(Err(e)) => Err(e.clone()),
+            None => Err(CniError::invalid_config(
+                "the file store has no kubernetes client",
+            )),
         }
-        self.kube.as_ref().map(|c| c.as_ref().map_err(Clone::clone))
     }
 
     fn first_cursors(&self) -> Vec<Option<IpAddr>> {
@@ -293,11 +301,10 @@ impl StickyIpam {
         let (Some(ns), Some(name)) = (args.pod_namespace.clone(), args.pod_name.clone()) else {
             return Ok(None);
         };
-        let Some(client) = self.client() else {
+        if self.kube.is_none() {
             return Ok(None);
-        };
-        let client = client.map_err(kube_store::api_error)?;
-        match client.get_pod(&ns, &name) {
+        }
+        match self.client()?.get_pod(&ns, &name) {
             Ok(pod) => Ok(pod),
             Err(ApiError::Unreachable(why)) => {
                 self.unreachable = Some(why);
@@ -377,17 +384,7 @@ impl StickyIpam {
         if let Some(why) = self.unreachable.clone() {
             return self.add_degraded(local, req, &why);
         }
-        self.client();
-        let client = match self.kube.as_ref() {
-            Some(Ok(c)) => c,
-            Some(Err(ApiError::Unreachable(why))) => return self.add_degraded(local, req, why),
-            Some(Err(e)) => return Err(kube_store::api_error(e.clone())),
-            None => {
-                return Err(CniError::invalid_config(
-                    "kubernetes store without a client",
-                ))
-            }
-        };
+        let client = self.client()?;
         let mut store = KubeStore::new(client, &self.conf.network, Some(local), first);
         let inspector = KubeInspector::new(client, node);
         let conf = &self.conf;
@@ -510,18 +507,7 @@ impl StickyIpam {
                 let local = self.open_local()?;
                 let first = self.first_cursors();
                 let network = self.conf.network.clone();
-                self.client();
-                let client = match self.kube.as_ref().map(|c| c.as_ref().map_err(Clone::clone)) {
-                    Some(Ok(c)) => c,
-                    Some(Err(ApiError::Unreachable(why))) => {
-                        cni::log::warn(&format!(
-                            "network {network:?}: kubernetes API unreachable ({why}); the claim is left for liveness to release"
-                        ));
-                        return Ok(None);
-                    }
-                    Some(Err(e)) => return Err(kube_store::api_error(e)),
-                    None => return Ok(None),
-                };
+                let client = self.client()?;
                 let mut store = KubeStore::new(client, &network, Some(local), first);
                 match with_retries(&mut store, "release", plan) {
                     Err(e) if e.code == STORE_UNREACHABLE => {
@@ -614,12 +600,10 @@ impl StickyIpam {
             StoreKind::File => self.open().map(drop).map_err(|e| unavailable(e.msg)),
             StoreKind::Kubernetes { .. } => {
                 let name = format!("{}.status-probe", crate::kube::slug(&self.conf.network));
-                match self.client() {
-                    Some(Ok(c)) => c.get_claim(&name).map(drop),
-                    Some(Err(e)) => Err(e),
-                    None => Ok(()),
-                }
-                .map_err(|e| unavailable(e.to_string()))
+                self.client()
+                    .and_then(|c| c.get_claim(&name).map_err(kube_store::api_error))
+                    .map(drop)
+                    .map_err(|e| unavailable(e.msg))
             }
         }
     }

@@ -165,7 +165,8 @@ struct ArpSocket {
     ifindex: i32,
 }
 
-fn last_error(what: &str) -> io::Error {
+/// The last OS error, prefixed with what was being done.
+pub(super) fn last_error(what: &str) -> io::Error {
     let e = io::Error::last_os_error();
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }

@@ -10,7 +10,7 @@ use std::net::Ipv6Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Instant;
 
-use super::arp::ProbeSpec;
+use super::arp::{last_error, ProbeSpec};
 use super::Mac;
 
 const NEIGHBOUR_SOLICITATION: u8 = 135;
@@ -65,11 +65,6 @@ pub fn advertised(msg: &[u8], target: Ipv6Addr) -> Option<Option<Mac>> {
         opts = &opts[len..];
     }
     Some(None)
-}
-
-fn last_error(what: &str) -> io::Error {
-    let e = io::Error::last_os_error();
-    io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
 fn set_int(fd: &OwnedFd, level: i32, name: i32, value: i32, what: &str) -> io::Result<()> {
