@@ -2,9 +2,19 @@
 //! probe of fresh allocations (`probe.fresh`) against a host that squats
 //! on an address, and the gateway check.
 
-use serde_json::json;
+use serde_json::{json, Value};
 use sticky_e2e::store::claims;
-use sticky_e2e::{configs, ip, links_in, our_plugin, CniCall, Topology, SUBNET_PREFIX};
+use sticky_e2e::{
+    configs, ip, links_in, our_plugin, CniCall, CniReply, Pod, Topology, SUBNET_PREFIX,
+};
+
+/// ADD on node 1 for `pod` as container `cid`.
+fn add(topo: &Topology, conf: Value, pod: &Pod, cid: &str) -> CniReply {
+    CniCall::new(&our_plugin(), &topo.node(0).netns, "ADD", conf)
+        .container(cid)
+        .netns(&pod.path)
+        .run()
+}
 
 /// A host on the fabric that nobody allocated (a misconfigured static IP)
 /// answers for the first address of the range: with `probe.fresh`, ADD
@@ -37,10 +47,7 @@ fn probing_fresh_allocations_catches_a_squatter() {
     let mut conf = configs::sticky("uplink0", &store, json!({}));
     conf["probe"] = json!({"fresh": true});
     let pod = topo.add_pod("p1");
-    let refused = CniCall::new(&our_plugin(), &topo.node(0).netns, "ADD", conf.clone())
-        .container("p1")
-        .netns(&pod.path)
-        .run();
+    let refused = add(&topo, conf.clone(), &pod, "p1");
     assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
     assert!(
         refused.msg().contains(&squatted) && refused.msg().contains(&mac),
@@ -54,10 +61,7 @@ fn probing_fresh_allocations_catches_a_squatter() {
     );
     // Without probe.fresh (the default) a fresh allocation is not probed.
     conf["probe"] = json!({});
-    let plain = CniCall::new(&our_plugin(), &topo.node(0).netns, "ADD", conf)
-        .container("p1")
-        .netns(&pod.path)
-        .run();
+    let plain = add(&topo, conf, &pod, "p1");
     assert!(plain.success, "{}", plain.stdout);
 }
 
@@ -71,19 +75,12 @@ fn gateway_check_reports_a_silent_gateway() {
     let mut conf = configs::sticky("uplink0", &store, json!({}));
     conf["gatewayCheck"] = json!(true);
     let good = topo.add_pod("good");
-    CniCall::new(&our_plugin(), &topo.node(0).netns, "ADD", conf.clone())
-        .container("good")
-        .netns(&good.path)
-        .run()
-        .expect_ok();
+    add(&topo, conf.clone(), &good, "good").expect_ok();
     let silent = format!("{SUBNET_PREFIX}.254");
     let mut bad_conf = configs::sticky("uplink0", &topo.file("store2"), json!({"gateway": silent}));
     bad_conf["gatewayCheck"] = json!(true);
     let bad = topo.add_pod("bad");
-    let refused = CniCall::new(&our_plugin(), &topo.node(0).netns, "ADD", bad_conf)
-        .container("bad")
-        .netns(&bad.path)
-        .run();
+    let refused = add(&topo, bad_conf, &bad, "bad");
     assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
     assert!(
         refused
@@ -111,15 +108,7 @@ fn gateway_check_covers_ipv6_gateways() {
         c
     };
     let good = topo.add_pod("good6");
-    let ok = CniCall::new(
-        &our_plugin(),
-        &topo.node(0).netns,
-        "ADD",
-        dual(topo.file("s1"), "fd00:213::1"),
-    )
-    .container("good6")
-    .netns(&good.path)
-    .run();
+    let ok = add(&topo, dual(topo.file("s1"), "fd00:213::1"), &good, "good6");
     assert!(ok.success, "{}", ok.stdout);
     assert_eq!(ok.addresses().len(), 2);
     // Its addresses are the next store's first ones too (DAD would
@@ -127,15 +116,7 @@ fn gateway_check_covers_ipv6_gateways() {
     let good_ns = good.netns.clone();
     topo.delete_netns(&good_ns);
     let bad = topo.add_pod("bad6");
-    let refused = CniCall::new(
-        &our_plugin(),
-        &topo.node(0).netns,
-        "ADD",
-        dual(topo.file("s2"), "fd00:213::fe"),
-    )
-    .container("bad6")
-    .netns(&bad.path)
-    .run();
+    let refused = add(&topo, dual(topo.file("s2"), "fd00:213::fe"), &bad, "bad6");
     assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
     assert!(
         refused
