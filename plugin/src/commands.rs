@@ -247,9 +247,9 @@ fn finish_l3(
     }
     // Convert before configuring: a result the caller's version cannot
     // carry must fail before the pod is wired, not after.
-    let mut probe = out.clone();
-    probe.ips.extend(ips.iter().cloned());
-    probe.to_json(conf.common.cni_version)?;
+    let mut trial = out.clone();
+    trial.ips.extend(ips.iter().cloned());
+    trial.to_json(conf.common.cni_version)?;
 
     // Addresses another holder had are confirmed free on the wire first.
     let probed: Vec<std::net::Ipv4Addr> = ips
