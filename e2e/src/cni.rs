@@ -21,6 +21,8 @@ pub struct CniCall {
     pub config: Value,
     /// Variables to leave out entirely (to test missing env).
     pub unset: Vec<&'static str>,
+    /// Run under GNU time, which writes the plugin's peak RSS here.
+    pub rss_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -30,6 +32,8 @@ pub struct CniReply {
     pub stderr: String,
     pub json: Option<Value>,
     pub elapsed: Duration,
+    /// The plugin's peak resident set in KiB, when run `measured`.
+    pub max_rss_kib: Option<u64>,
 }
 
 impl CniReply {
@@ -100,7 +104,16 @@ impl CniCall {
             cni_path: crate::REFERENCE_DIR.into(),
             config,
             unset: vec![],
+            rss_file: None,
         }
+    }
+
+    /// Runs the plugin under GNU time (`/usr/bin/time -f %M`), which forks
+    /// it from its own small process: ru_maxrss taken straight from our
+    /// fork would include this (much larger) process's pages.
+    pub fn measured(mut self, rss_file: &Path) -> Self {
+        self.rss_file = Some(rss_file.to_path_buf());
+        self
     }
 
     pub fn container(mut self, id: &str) -> Self {
@@ -146,14 +159,17 @@ impl CniCall {
     pub fn spawn(&self, stdin: &[u8]) -> Child {
         // An empty node_netns means the caller already entered it (the bench
         // does, so `ip netns exec` is not in its figures).
-        let mut cmd = if self.node_netns.is_empty() {
-            Command::new(&self.plugin)
-        } else {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", &self.node_netns])
-                .arg(&self.plugin);
-            c
-        };
+        let mut argv: Vec<std::ffi::OsString> = Vec::new();
+        if !self.node_netns.is_empty() {
+            argv.extend(["ip", "netns", "exec", &self.node_netns].map(Into::into));
+        }
+        if let Some(file) = &self.rss_file {
+            argv.extend(["/usr/bin/time", "-f", "%M", "-o"].map(Into::into));
+            argv.push(file.into());
+        }
+        argv.push(self.plugin.clone().into());
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]);
         for var in [
             "CNI_COMMAND",
             "CNI_CONTAINERID",
@@ -208,12 +224,20 @@ impl CniCall {
             .unwrap_or_else(|e| panic!("cannot wait for {}: {e}", self.plugin.display()));
         let elapsed = start.elapsed();
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let max_rss_kib = self.rss_file.as_ref().and_then(|f| {
+            std::fs::read_to_string(f)
+                .ok()?
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .next_back()
+        });
         CniReply {
             success: out.status.success(),
             json: serde_json::from_str(stdout.trim()).ok(),
             stdout,
             stderr: String::from_utf8_lossy(&out.stderr).to_string(),
             elapsed,
+            max_rss_kib,
         }
     }
 }

@@ -348,6 +348,26 @@ impl StandIn {
         list["items"].as_array().cloned().unwrap_or_default()
     }
 
+    /// Stores these claims of `network` as the plugin would have created
+    /// them (the benchmark's pre-existing claims); not counted as requests.
+    pub fn seed_claims(&self, network: &str, claims: Vec<sticky_ipam::claim::Claim>) {
+        use sticky_ipam::kube::{crd, ClaimObject};
+        for claim in claims {
+            let obj = crd::to_object(&ClaimObject {
+                network: network.to_string(),
+                claim,
+                resource_version: None,
+            });
+            let body = serde_json::to_value(&obj).unwrap_or(Value::Null);
+            let (code, out) = self.request(
+                "POST",
+                "/apis/sticky-macvlan.io/v1alpha1/ipclaims",
+                Some(&body),
+            );
+            assert_eq!(code, 201, "seed an IPClaim: {out}");
+        }
+    }
+
     /// Request counts by "verb resource" from the plugins (not the
     /// harness); Null on a real cluster.
     pub fn stats(&self) -> Value {

@@ -11,6 +11,7 @@
 pub mod cluster;
 pub mod cni;
 pub mod kube;
+pub mod report;
 pub mod state;
 pub mod store;
 

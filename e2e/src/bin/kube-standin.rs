@@ -116,11 +116,11 @@ fn parse_target(path: &str) -> Option<Target> {
 /// store uses them.
 fn selector_matches(selector: &str, labels: &Value) -> Result<bool, String> {
     for term in selector.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-        let label = |k: &str| labels.get(k).and_then(Value::as_str).map(str::to_string);
+        let label = |k: &str| labels.get(k).and_then(Value::as_str);
         let ok = if let Some((k, v)) = term.split_once("!=") {
-            label(k.trim()).as_deref() != Some(v.trim())
+            label(k.trim()) != Some(v.trim())
         } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
-            label(k.trim()).as_deref() == Some(v.trim())
+            label(k.trim()) == Some(v.trim())
         } else if let Some(k) = term.strip_prefix('!') {
             label(k).is_none()
         } else if term.contains(' ') || term.contains('(') {
@@ -368,11 +368,8 @@ impl State {
                     .into_iter()
                     .flat_map(|m| m.values())
                 {
-                    let labels = obj
-                        .pointer("/metadata/labels")
-                        .cloned()
-                        .unwrap_or(json!({}));
-                    match selector_matches(&selector, &labels) {
+                    let labels = obj.pointer("/metadata/labels").unwrap_or(&Value::Null);
+                    match selector_matches(&selector, labels) {
                         Ok(true) => items.push(obj.clone()),
                         Ok(false) => {}
                         Err(e) => return status(400, "BadRequest", e),

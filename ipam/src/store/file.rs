@@ -15,7 +15,10 @@
 //! never missing a claim: that is what keeps one address per identity
 //! (invariant 2) across a crash without scanning all claims on each ADD.
 //! Which fsyncs and why: a grant (a new claim or a new holder) fsyncs its
-//! index entries, then the claim, then the directories, before ADD answers.
+//! identity entry and that directory, then the claim and its directory,
+//! before ADD answers: stickiness must survive a power loss. Holder entries
+//! are not fsynced: a power loss is the only way to lose one, and every
+//! holder it could name is then from an earlier boot, dead to liveness.
 //! A release (DEL, GC) does not: if a power loss undoes it, the claim comes
 //! back naming a holder from an earlier boot, which liveness finds dead.
 //! Cursors are never fsynced: they only spread allocations.
@@ -30,7 +33,7 @@ use std::net::IpAddr;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cni::{CniError, CniResult};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -409,31 +412,52 @@ fn edit_index<T: Serialize>(
     Ok(true)
 }
 
+fn try_lock(lock: &File, path: &Path) -> CniResult<bool> {
+    // SAFETY: flock on a descriptor we own.
+    let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) || err.kind() == ErrorKind::Interrupted {
+        return Ok(false);
+    }
+    Err(io_err("lock", path, err))
+}
+
+/// Takes the network's lock, waiting at most `LOCK_WAIT`. Uncontended, it
+/// is one non-blocking flock. Contended, a helper thread blocks in flock
+/// on a duplicate of the descriptor (the lock belongs to the shared open
+/// file, so it is ours once taken), and the kernel wakes waiters in turn:
+/// polling with sleeps made 100 parallel ADDs queue up behind the sleeps.
 fn lock_exclusive(lock: &File, path: &Path, network: &str) -> CniResult<()> {
-    let start = Instant::now();
-    let mut pause = Duration::from_micros(200);
-    loop {
-        // SAFETY: flock on a descriptor we own.
-        let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc == 0 {
-            return Ok(());
-        }
+    if try_lock(lock, path)? {
+        return Ok(());
+    }
+    let waiter = lock.try_clone().map_err(|e| io_err("lock", path, e))?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || loop {
+        // SAFETY: flock on a descriptor this thread owns.
+        let rc = unsafe { libc::flock(waiter.as_raw_fd(), libc::LOCK_EX) };
         let err = std::io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EWOULDBLOCK) && err.kind() != ErrorKind::Interrupted {
-            return Err(io_err("lock", path, err));
+        if rc == 0 || err.kind() != ErrorKind::Interrupted {
+            let _ = tx.send(if rc == 0 { Ok(()) } else { Err(err) });
+            return;
         }
-        if start.elapsed() > LOCK_WAIT {
-            return Err(CniError::new(
-                cni::code::TRY_AGAIN_LATER,
-                format!(
-                    "the claim store of network {network:?} ({}) has been locked by another process for {} s: retry; if it persists, look for a hung sticky-ipam process",
-                    path.display(),
-                    LOCK_WAIT.as_secs()
-                ),
-            ));
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(5));
+    });
+    match rx.recv_timeout(LOCK_WAIT) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(io_err("lock", path, e)),
+        // The helper stays blocked; the lock it may still take dies with
+        // this short-lived process.
+        Err(_) => Err(CniError::new(
+            cni::code::TRY_AGAIN_LATER,
+            format!(
+                "the claim store of network {network:?} ({}) has been locked by another process for {} s: retry; if it persists, look for a hung sticky-ipam process",
+                path.display(),
+                LOCK_WAIT.as_secs()
+            ),
+        )),
     }
 }
 
@@ -542,17 +566,19 @@ impl ClaimStore for FileStore {
             }
         }
         let none = BTreeSet::new();
-        // 1. Index entries for the new state, durable before the claims.
+        // 1. Identity entries for the new state, durable before the claims.
+        // Holder entries are not fsynced: only a power loss can lose one,
+        // and then every holder it could name is from an earlier boot, which
+        // liveness finds dead whatever the index says.
         let mut wrote = false;
         for (id, (add, _)) in identities.iter().filter(|(_, e)| !e.0.is_empty()) {
             wrote |= self.update_identity(id, add, &none, self.durable)?;
         }
         for (h, (add, _)) in holders.iter().filter(|(_, e)| !e.0.is_empty()) {
-            wrote |= self.update_holder(h, add, &none, self.durable)?;
+            self.update_holder(h, add, &none, false)?;
         }
         if wrote && self.durable {
             fsync_dir(&self.root.join(IDENTITIES))?;
-            fsync_dir(&self.root.join(HOLDERS))?;
         }
         // 2. The claims themselves.
         for change in &plan.changes {
@@ -684,6 +710,28 @@ mod tests {
             std::fs::read_dir(dir.join("net/holders")).unwrap().count(),
             0
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_contended_lock_is_handed_over_when_released() {
+        let dir = tmpdir("lock");
+        let first = FileStore::open(&dir, "net").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = dir.clone();
+        let waiter = std::thread::spawn(move || {
+            let opened = FileStore::open(&d, "net").map(drop);
+            let _ = tx.send(opened);
+        });
+        // Still waiting while the first store holds the lock...
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+        drop(first);
+        // ...and through as soon as it is released.
+        let got = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("lock handed over");
+        assert!(got.is_ok());
+        waiter.join().unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -1,12 +1,7 @@
-//! The kubernetes store's benchmark (printed numbers, no assertions on
-//! time): API requests per ADD on the common paths, counted by the
-//! stand-in API server, and ADD throughput with 1,000 pods churned (ADD,
-//! then DEL) across three nodes, against the stand-in, next to the same
-//! churn on the file store and with injected 409s.
-//!
-//! Run: `sudo target/release/kube-bench [pods]` after
-//! `cargo build --release --workspace`. Plugins run through
-//! `ip netns exec`, which is in every figure alike.
+//! The kubernetes store's sections: API requests per operation, counted by
+//! the stand-in, and pods churned (ADD, then DEL) across three nodes,
+//! against the same churn on the file store and with injected 409s. These
+//! plugins run through `ip netns exec` on their node, alike in every figure.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -14,18 +9,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sticky_e2e::kube::StandIn;
+use sticky_e2e::report::{percentile, Table};
 use sticky_e2e::{configs, CniCall, CniReply, Topology};
+
+use crate::Suite;
 
 const NS: &str = "bench";
 
 fn k8s(name: &str, uid: &str) -> String {
     format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={NS};K8S_POD_NAME={name};K8S_POD_UID={uid}")
-}
-
-fn plugin() -> std::path::PathBuf {
-    std::env::current_exe()
-        .expect("exe")
-        .with_file_name("sticky-macvlan")
 }
 
 fn conf(topo: &Topology, store: &Value, node: usize) -> Value {
@@ -53,7 +45,7 @@ fn call(
     cid: &str,
     args: &str,
 ) -> CniReply {
-    let r = CniCall::new(&plugin(), &topo.node(node).netns, cmd, conf.clone())
+    let r = CniCall::new(&crate_plugin(), &topo.node(node).netns, cmd, conf.clone())
         .container(cid)
         .netns(netns)
         .args(args)
@@ -91,12 +83,10 @@ fn breakdown(stats: &Value) -> String {
         .unwrap_or_default()
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
+fn crate_plugin() -> std::path::PathBuf {
+    std::env::current_exe()
+        .expect("exe")
+        .with_file_name("sticky-macvlan")
 }
 
 struct Churn {
@@ -151,20 +141,9 @@ fn churn(
     }
 }
 
-fn main() {
-    let n: usize = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1000);
-    assert!(
-        plugin().exists(),
-        "build first: cargo build --release --workspace"
-    );
-    let mut topo = Topology::new(3);
-    let api = topo.start_api();
-    for i in 1..=3 {
-        api.add_node(&format!("node{i}"));
-    }
+/// Section 5.
+pub fn requests_and_churn(suite: &mut Suite, topo: &mut Topology, api: &StandIn) {
+    let n = suite.opts.churn_pods;
     let set_uid = api.add_stateful_set(NS, "rs");
 
     // 1. Requests per ADD on the common paths.
@@ -179,8 +158,8 @@ fn main() {
     };
     let pod_a = topo.add_pod("req-a");
     let pod_b = topo.add_pod("req-b");
-    let c1 = conf(&topo, &kube_store(&topo, &api, 0), 0);
-    let c2 = conf(&topo, &kube_store(&topo, &api, 1), 1);
+    let c1 = conf(topo, &kube_store(topo, api, 0), 0);
+    let c2 = conf(topo, &kube_store(topo, api, 1), 1);
     for i in 0..samples {
         let dep = format!("web-{i}");
         let dep_uid = api.add_pod(NS, &dep, "node1", None, None);
@@ -188,7 +167,7 @@ fn main() {
         let sts_uid = api.add_pod(NS, &sts, "node1", Some(("rs", &set_uid)), None);
         api.reset_stats();
         call(
-            &topo,
+            topo,
             &c1,
             0,
             "ADD",
@@ -196,9 +175,9 @@ fn main() {
             &format!("d{i}"),
             &k8s(&dep, &dep_uid),
         );
-        record("fresh allocation, Deployment pod (dynamic)", &api);
+        record("fresh allocation, Deployment pod (dynamic)", api);
         call(
-            &topo,
+            topo,
             &c1,
             0,
             "DEL",
@@ -206,9 +185,9 @@ fn main() {
             &format!("d{i}"),
             &k8s(&dep, &dep_uid),
         );
-        record("DEL, dynamic claim", &api);
+        record("DEL, dynamic claim", api);
         call(
-            &topo,
+            topo,
             &c1,
             0,
             "ADD",
@@ -216,9 +195,9 @@ fn main() {
             &format!("s{i}"),
             &k8s(&sts, &sts_uid),
         );
-        record("fresh allocation, StatefulSet pod", &api);
+        record("fresh allocation, StatefulSet pod", api);
         call(
-            &topo,
+            topo,
             &c1,
             0,
             "DEL",
@@ -226,9 +205,9 @@ fn main() {
             &format!("s{i}"),
             &k8s(&sts, &sts_uid),
         );
-        record("DEL, sticky claim", &api);
+        record("DEL, sticky claim", api);
         call(
-            &topo,
+            topo,
             &c1,
             0,
             "ADD",
@@ -236,13 +215,15 @@ fn main() {
             &format!("s{i}b"),
             &k8s(&sts, &sts_uid),
         );
-        record("re-ADD of a sticky identity (same pod, same node)", &api);
-        // Rescheduled: the old pod is gone, the new one runs on node2.
+        record("re-ADD of a sticky identity (same pod, same node)", api);
+        // Rescheduled: the old pod is gone, and its link with it (else the
+        // ARP probe rightly refuses the takeover); the new one runs on node2.
+        sticky_e2e::ip(&["-n", &pod_b.netns, "link", "del", "net1"]);
         api.remove_pod(NS, &sts);
         let moved_uid = api.add_pod(NS, &sts, "node2", Some(("rs", &set_uid)), None);
         api.reset_stats();
         call(
-            &topo,
+            topo,
             &c2,
             1,
             "ADD",
@@ -250,9 +231,9 @@ fn main() {
             &format!("s{i}c"),
             &k8s(&sts, &moved_uid),
         );
-        record("takeover on another node (old pod gone)", &api);
+        record("takeover on another node (old pod gone)", api);
         call(
-            &topo,
+            topo,
             &c2,
             1,
             "DEL",
@@ -262,7 +243,7 @@ fn main() {
         );
         // The old sandbox's late DEL on node1 is a no-op.
         call(
-            &topo,
+            topo,
             &c1,
             0,
             "DEL",
@@ -272,33 +253,42 @@ fn main() {
         );
         api.reset_stats();
     }
-    println!("\nAPI requests per operation against the stand-in ({samples} samples each): median, max, breakdown of the last");
-    println!("{:<52} {:>6} {:>4}  breakdown", "case", "median", "max");
-    for (case, (v, last)) in &counts {
-        let mut v = v.clone();
+    let mut table = Table::new(
+        "requests",
+        format!("5a. API requests per operation, counted by the stand-in, {samples} samples each"),
+        &["operation", "median", "max", "requests (the last sample)"],
+    );
+    let median = |v: &[u64]| {
+        let mut v = v.to_vec();
         v.sort();
-        println!(
-            "{case:<52} {:>6} {:>4}  {last}",
-            v[v.len() / 2],
-            v[v.len() - 1]
+        (v[v.len() / 2], v[v.len() - 1])
+    };
+    for (case, (v, last)) in &counts {
+        let (m, max) = median(v);
+        table.row(
+            vec![
+                case.to_string(),
+                m.to_string(),
+                max.to_string(),
+                last.clone(),
+            ],
+            json!({"operation": case, "median": m, "max": max, "breakdown": last}),
         );
     }
-    let median = |case: &str| {
-        counts
-            .get(case)
-            .map(|(v, _)| {
-                let mut v = v.clone();
-                v.sort();
-                v[v.len() / 2]
-            })
-            .unwrap_or(0)
-    };
-    println!(
-        "targets: re-ADD of a sticky identity {} requests (<= 3), fresh allocation {} and {} (<= 4)",
-        median("re-ADD of a sticky identity (same pod, same node)"),
-        median("fresh allocation, Deployment pod (dynamic)"),
-        median("fresh allocation, StatefulSet pod")
-    );
+    suite.report.add(table);
+    for (case, limit) in [
+        ("re-ADD of a sticky identity (same pod, same node)", 3),
+        ("fresh allocation, Deployment pod (dynamic)", 4),
+        ("fresh allocation, StatefulSet pod", 4),
+    ] {
+        let (m, _) = counts.get(case).map(|(v, _)| median(v)).unwrap_or((0, 0));
+        suite.report.verdict(
+            &format!("API requests, {case} <= {limit}"),
+            m.to_string(),
+            m > 0 && m <= limit,
+            "see the breakdown in table 5a",
+        );
+    }
 
     // 2. Churn throughput.
     let pods: Vec<(String, String)> = (0..n)
@@ -326,12 +316,12 @@ fn main() {
     let runs: Vec<(&str, StoreOf, u64)> = vec![
         (
             "kubernetes store",
-            Box::new(|node| kube_store(&topo, &api, node)),
+            Box::new(|node| kube_store(topo, api, node)),
             0,
         ),
         (
             "kubernetes store, every 10th write 409",
-            Box::new(|node| kube_store(&topo, &api, node)),
+            Box::new(|node| kube_store(topo, api, node)),
             10,
         ),
         (
@@ -340,42 +330,38 @@ fn main() {
             0,
         ),
     ];
-    println!("\n{n} pods churned (ADD then DEL), 3 nodes x 2 workers, half StatefulSet pods; ADD latency in ms");
-    println!(
-        "{:<40} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10}",
-        "store", "ADDs/s", "p50", "p90", "p99", "max", "requests"
+    let mut table = Table::new(
+        "churn",
+        format!("5b. {n} pods churned (ADD then DEL) over 3 nodes x 2 workers, half StatefulSet pods; ADD ms"),
+        &["store", "ADDs/s", "p50", "p90", "p99", "max", "API requests"],
     );
-    let mut kube_rate = 0.0;
     for (label, store_of, every) in &runs {
         api.faults(0, *every);
         api.reset_stats();
-        let c = churn(&topo, &pods, store_of.as_ref(), &netns);
+        let c = churn(topo, &pods, store_of.as_ref(), &netns);
         let rate = c.adds.len() as f64 / c.wall.as_secs_f64();
-        if kube_rate == 0.0 {
-            kube_rate = rate;
-        }
         let stats = api.stats();
-        println!(
-            "{label:<40} {rate:>9.1} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10}",
-            pct(&c.adds, 0.5),
-            pct(&c.adds, 0.9),
-            pct(&c.adds, 0.99),
-            pct(&c.adds, 1.0),
-            total(&stats)
+        let requests = if label.starts_with("file") {
+            "-".to_string()
+        } else {
+            total(&stats).to_string()
+        };
+        let p = |q| percentile(&c.adds, q);
+        table.row(
+            vec![label.to_string(), format!("{rate:.1}"), format!("{:.2}", p(0.5)), format!("{:.2}", p(0.9)), format!("{:.2}", p(0.99)), format!("{:.2}", p(1.0)), requests],
+            json!({"store": label, "adds_per_s": rate, "p50": p(0.5), "p90": p(0.9), "p99": p(0.99), "max": p(1.0), "requests": stats}),
         );
-        if *every > 0 {
-            println!("    {}", breakdown(&stats));
-        }
     }
+    suite.report.add(table);
     api.faults(0, 0);
     let left = api.claims();
     let held = left
         .iter()
         .filter(|c| !c["status"]["holder"].is_null())
         .count();
-    println!(
-        "after the churn: {} IPClaim objects ({} sticky reserved, {held} held)",
+    suite.report.notes.push(format!(
+        "after the churn of table 5b: {} IPClaim objects of its network ({} sticky reserved, {held} held); every DEL released its dynamic claim",
         left.len(),
         left.len() - held
-    );
+    ));
 }

@@ -1,0 +1,295 @@
+//! The benchmark suite: one command, every figure next to its anchor in the
+//! same run, interleaved, as median [min..max] over repeated runs.
+//!
+//! 1. ADD+DEL cycles against the reference macvlan (+ host-local), L3 and L2.
+//! 2. The pod-attach floor: the same netlink work done by `ip` commands.
+//! 3. 100 pods attached in parallel on one node: file store, kubernetes
+//!    store and the reference.
+//! 4. ADD latency with 10 to 60,000 existing claims: file store, kubernetes
+//!    store (stand-in API server) and the reference with as many files.
+//! 5. API requests per ADD by path, and 1,000 pods churned over three nodes.
+//! 6. Peak memory (ru_maxrss) of every plugin process the suite ran.
+//! 7. What the ARP probe adds to a takeover.
+//!
+//! Output: tables on stdout, `results.json` and SVG plots in `--out`, and
+//! (full runs) `BENCHMARKS.md`. Times are measured, never asserted.
+//!
+//! Run: `sudo scripts/bench.sh` (builds the release binaries first), or
+//! `sudo target/release/bench [--quick] [--runs N] [--out DIR] [--markdown FILE]`.
+//! The bench process enters node 1's netns, so plugins there are exec'd
+//! directly, with no `ip netns exec` in the figures.
+
+mod kube;
+mod node;
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{json, Value};
+use sticky_e2e::report::Report;
+use sticky_e2e::{reference_plugin, CniCall, CniReply, Topology};
+
+/// Unrecorded rounds before every interleaved series.
+pub const WARM_UP: usize = 3;
+
+pub struct Options {
+    pub quick: bool,
+    pub runs: usize,
+    pub churn_pods: usize,
+    pub parallel_pods: usize,
+    pub parallel_rounds: usize,
+    pub scale: Vec<u32>,
+    pub out: PathBuf,
+    pub markdown: Option<PathBuf>,
+}
+
+impl Options {
+    fn parse() -> Options {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let quick = args.iter().any(|a| a == "--quick");
+        let value = |flag: &str| {
+            args.iter()
+                .position(|a| a == flag)
+                .and_then(|i| args.get(i + 1))
+                .cloned()
+        };
+        if let Some(bad) = args.iter().find(|a| {
+            a.starts_with("--")
+                && !["--quick", "--runs", "--out", "--markdown"].contains(&a.as_str())
+        }) {
+            eprintln!("bench: unknown option {bad}; usage: bench [--quick] [--runs N] [--out DIR] [--markdown FILE]");
+            std::process::exit(2);
+        }
+        let runs = value("--runs")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(if quick { 5 } else { 30 });
+        Options {
+            quick,
+            runs,
+            churn_pods: if quick { 60 } else { 1000 },
+            parallel_pods: if quick { 20 } else { 100 },
+            parallel_rounds: if quick { 1 } else { 5 },
+            scale: if quick {
+                vec![10, 1_000]
+            } else {
+                vec![10, 1_000, 10_000, 60_000]
+            },
+            out: value("--out").map(PathBuf::from).unwrap_or_else(|| {
+                PathBuf::from(if quick {
+                    "target/bench-quick"
+                } else {
+                    "docs/bench"
+                })
+            }),
+            markdown: value("--markdown")
+                .map(PathBuf::from)
+                .or_else(|| (!quick).then(|| PathBuf::from("BENCHMARKS.md"))),
+        }
+    }
+}
+
+/// A path whose peak memory section 6 measures: a config of ours and,
+/// where there is one, the reference's for the same work.
+pub struct MemoryProbe {
+    pub label: String,
+    pub pod: String,
+    pub ours: Value,
+    pub reference: Option<Value>,
+}
+
+/// What every section shares: the binaries, the options, the report and
+/// the paths to weigh.
+pub struct Suite {
+    pub ours: PathBuf,
+    pub reference: PathBuf,
+    pub opts: Options,
+    pub report: Report,
+    pub memory: Vec<MemoryProbe>,
+}
+
+impl Suite {
+    pub fn weigh(&mut self, label: &str, pod: &str, ours: &Value, reference: Option<&Value>) {
+        self.memory.push(MemoryProbe {
+            label: label.to_string(),
+            pod: pod.to_string(),
+            ours: ours.clone(),
+            reference: reference.cloned(),
+        });
+    }
+}
+
+/// One plugin call from the bench process's own netns (node 1); panics on
+/// failure, since a failed call would make every figure meaningless.
+pub fn exec(
+    plugin: &Path,
+    command: &str,
+    netns: &str,
+    config: &Value,
+    cid: &str,
+    pod: &str,
+) -> CniReply {
+    let reply = CniCall::new(plugin, "", command, config.clone())
+        .container(cid)
+        .netns(netns)
+        .args(&pod_args(pod))
+        .run();
+    assert!(
+        reply.success,
+        "{} {command} {cid} failed: {}{}",
+        plugin.display(),
+        reply.stdout,
+        reply.stderr
+    );
+    reply
+}
+
+pub fn pod_args(pod: &str) -> String {
+    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME={pod};K8S_POD_UID={pod}-uid")
+}
+
+pub fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// `runs` recorded rounds (after `WARM_UP`) of every contender's `step`,
+/// rotating who goes first, so drift and warm caches fall on all alike.
+pub fn interleaved<T>(
+    contenders: usize,
+    runs: usize,
+    mut step: impl FnMut(usize) -> T,
+) -> Vec<Vec<T>> {
+    let mut out: Vec<Vec<T>> = (0..contenders).map(|_| Vec::new()).collect();
+    for round in 0..runs + WARM_UP {
+        for k in 0..contenders {
+            let c = (round + k) % contenders;
+            let v = step(c);
+            if round >= WARM_UP {
+                out[c].push(v);
+            }
+        }
+    }
+    out
+}
+
+fn first_line(cmd: &str, args: &[&str]) -> String {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .ok()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
+fn machine(topo: &Topology) -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_default();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem = meminfo
+        .lines()
+        .next()
+        .unwrap_or("")
+        .replace("MemTotal:", "")
+        .trim()
+        .to_string();
+    let data = topo.file("probe-fs");
+    let fs = first_line(
+        "stat",
+        &[
+            "-f",
+            "-c",
+            "%T",
+            &data
+                .parent()
+                .unwrap_or(Path::new("/"))
+                .display()
+                .to_string(),
+        ],
+    );
+    json!({
+        "date": first_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        "kernel": first_line("uname", &["-r"]),
+        "cpu": format!("{cpu} x {}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)),
+        "memory": mem,
+        "state files on": fs,
+        "reference plugins": first_line("dpkg-query", &["-W", "-f", "containernetworking-plugins ${Version}", "containernetworking-plugins"]),
+        "sticky-macvlan": format!("{} (release build)", env!("CARGO_PKG_VERSION")),
+    })
+}
+
+fn main() {
+    let opts = Options::parse();
+    sticky_e2e::require_root();
+    let ours = std::env::current_exe()
+        .expect("exe")
+        .with_file_name("sticky-macvlan");
+    assert!(
+        ours.exists() && ours.with_file_name("kube-standin").exists(),
+        "build first: cargo build --release --workspace"
+    );
+    let mut suite = Suite {
+        ours,
+        reference: reference_plugin("macvlan"),
+        opts,
+        report: Report::default(),
+        memory: Vec::new(),
+    };
+    if let Err(e) = std::fs::create_dir_all(&suite.opts.out) {
+        panic!("cannot create {}: {e}", suite.opts.out.display());
+    }
+    let mut topo = Topology::new(3);
+    let api = topo.start_api();
+    for i in 1..=3 {
+        api.add_node(&format!("node{i}"));
+    }
+    let machine = machine(&topo);
+    let node =
+        File::open(format!("/var/run/netns/{}", topo.node(0).netns)).expect("open node netns");
+    // SAFETY: setns on the main thread with a valid netns fd; threads
+    // spawned later inherit it.
+    let rc = unsafe { libc::setns(node.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "setns into the node netns failed");
+
+    let cycles = node::add_del_cycles(&mut suite, &mut topo);
+    node::floor(&mut suite, &mut topo, &cycles);
+    node::parallel(&mut suite, &mut topo, &api);
+    node::scale(&mut suite, &mut topo, &api);
+    kube::requests_and_churn(&mut suite, &mut topo, &api);
+    node::memory(&mut suite, &topo);
+    if !suite.opts.quick {
+        node::probe_cost(&mut suite, &mut topo);
+    }
+
+    let command = "sudo scripts/bench.sh";
+    let results = suite.report.json(&machine, command);
+    suite.report.write(
+        &suite.opts.out,
+        "results.json",
+        &serde_json::to_string_pretty(&results).unwrap_or_default(),
+    );
+    println!(
+        "\nwrote {}/results.json and the plots",
+        suite.opts.out.display()
+    );
+    if let Some(md) = &suite.opts.markdown {
+        let plot_dir = suite.opts.out.display().to_string();
+        let text = suite.report.markdown(&machine, command, &plot_dir);
+        if let Err(e) = std::fs::write(md, text) {
+            panic!("cannot write {}: {e}", md.display());
+        }
+        println!("wrote {}", md.display());
+    }
+}

@@ -1,0 +1,24 @@
+# Sourced by scripts/test.sh and scripts/bench.sh: installs the Debian
+# packages the tests and benchmarks need, when missing.
+
+need=()
+[ -x /usr/lib/cni/macvlan ] || need+=(containernetworking-plugins)
+command -v go >/dev/null || need+=(golang-go)
+[ -d /usr/share/gocode/src/github.com/containernetworking/cni/libcni ] || need+=(golang-github-appc-cni-dev)
+command -v ip >/dev/null || need+=(iproute2)
+[ -x /usr/bin/time ] || need+=(time)
+command -v ping >/dev/null || need+=(iputils-ping)
+command -v gobgpd >/dev/null || need+=(gobgpd)
+command -v bird >/dev/null || need+=(bird2)
+if [ ${#need[@]} -gt 0 ]; then
+    echo "installing: ${need[*]}"
+    apt-get update -qq
+    # Packages such as bird2 and gobgpd ship services: the tests run their
+    # own instances inside test namespaces, so none may start on the host.
+    added_policy=
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && added_policy=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    [ -z "$added_policy" ] || rm -f /usr/sbin/policy-rc.d
+fi
