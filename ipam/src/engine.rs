@@ -205,8 +205,8 @@ impl Planner<'_> {
             if !self.is_allocatable(range, ip) {
                 continue;
             }
-            match self.store.candidate(ip) {
-                Ok(None) => {
+            match self.store.candidate_taken(ip) {
+                Ok(false) => {
                     self.plan.changes.push(Change {
                         before: None,
                         after: Some(self.new_claim(ip)),
@@ -219,7 +219,7 @@ impl Planner<'_> {
                         displaced: None,
                     });
                 }
-                Ok(Some(_)) => {}
+                Ok(true) => {}
                 // Never hand out an address whose record cannot be read.
                 Err(e) if e.code == STORE_DAMAGED => cni::log::warn(&e.msg),
                 Err(e) => return Err(e),

@@ -4,6 +4,8 @@
 //! runtime owned by the client; every request is bounded by the configured
 //! timeout, because kubelet gives a whole sandbox only a few minutes.
 
+use std::collections::BTreeSet;
+use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -13,6 +15,11 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio::runtime::Runtime;
+
+/// Objects per page when only the taken addresses are listed (what
+/// kubectl uses: small enough to keep memory flat, large enough to keep
+/// requests few).
+const LIST_PAGE: u32 = 500;
 
 use super::crd::{from_object, to_object, IPClaim};
 use super::{
@@ -205,6 +212,36 @@ impl KubeApi for KubeClient {
             .bounded(&what, api.list(&lp))?
             .map_err(|e| collection_error(&what, e))?;
         list.items.iter().map(decoded).collect()
+    }
+
+    fn taken_addresses(&self, selector: &str) -> ApiResult<BTreeSet<IpAddr>> {
+        let api = self.claims();
+        let what = format!("list ipclaims {selector}");
+        let mut taken = BTreeSet::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut lp = ListParams::default().labels(selector).limit(LIST_PAGE);
+            if let Some(t) = &token {
+                lp = lp.continue_token(t);
+            }
+            let page = self
+                .bounded(&what, api.list(&lp))?
+                .map_err(|e| collection_error(&what, e))?;
+            for o in &page.items {
+                let ip = o.spec.ip.parse().map_err(|_| {
+                    ApiError::Refused(format!(
+                        "ipclaim {}: spec.ip {:?} is not an address: repair or delete the object",
+                        o.metadata.name.as_deref().unwrap_or("?"),
+                        o.spec.ip
+                    ))
+                })?;
+                taken.insert(ip);
+            }
+            token = page.metadata.continue_.filter(|t| !t.is_empty());
+            if token.is_none() {
+                return Ok(taken);
+            }
+        }
     }
 
     fn create_claim(&self, obj: &ClaimObject) -> ApiResult<ClaimObject> {

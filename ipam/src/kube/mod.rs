@@ -78,6 +78,18 @@ pub struct ClusterNode {
 pub trait KubeApi {
     fn get_claim(&self, name: &str) -> ApiResult<Option<ClaimObject>>;
     fn list_claims(&self, selector: &str) -> ApiResult<Vec<ClaimObject>>;
+    /// The addresses of the selected claims and nothing else (the real
+    /// client pages through them, so memory does not grow with the pool).
+    fn taken_addresses(
+        &self,
+        selector: &str,
+    ) -> ApiResult<std::collections::BTreeSet<std::net::IpAddr>> {
+        Ok(self
+            .list_claims(selector)?
+            .into_iter()
+            .map(|o| o.claim.ip)
+            .collect())
+    }
     fn create_claim(&self, obj: &ClaimObject) -> ApiResult<ClaimObject>;
     /// Replaces with `obj.resource_version` as the precondition.
     fn replace_claim(&self, obj: &ClaimObject) -> ApiResult<ClaimObject>;

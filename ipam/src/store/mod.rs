@@ -70,10 +70,10 @@ pub trait ClaimStore {
     /// The claim on `ip`; an unreadable record is an error with code
     /// `STORE_DAMAGED` naming it.
     fn claim(&mut self, ip: IpAddr) -> CniResult<Option<Claim>>;
-    /// The claim on a next-fit candidate. A store whose writes are
+    /// Whether a next-fit candidate is taken. A store whose writes are
     /// conditional may answer "free" without looking: its commit checks.
-    fn candidate(&mut self, ip: IpAddr) -> CniResult<Option<Claim>> {
-        self.claim(ip)
+    fn candidate_taken(&mut self, ip: IpAddr) -> CniResult<bool> {
+        self.claim(ip).map(|c| c.is_some())
     }
     /// Claims whose identity is `identity` (found through an index, checked
     /// against the claims themselves).

@@ -64,7 +64,7 @@ fn total(stats: &Value) -> u64 {
         .as_object()
         .map(|m| {
             m.iter()
-                .filter(|(k, _)| !k.starts_with("injected"))
+                .filter(|(k, _)| !k.starts_with("injected") && !k.starts_with("server"))
                 .filter_map(|(_, v)| v.as_u64())
                 .sum()
         })
@@ -76,6 +76,7 @@ fn breakdown(stats: &Value) -> String {
         .as_object()
         .map(|m| {
             m.iter()
+                .filter(|(k, _)| !k.starts_with("server"))
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(" ")

@@ -499,7 +499,7 @@ pub fn scale(suite: &mut Suite, topo: &mut Topology, api: &StandIn) {
     let mut table = Table::new(
         "scale",
         format!("4. ADD latency with existing claims in a /16, {runs} interleaved ADD+DEL cycles each, ms"),
-        &["existing claims", "file store", "kubernetes store (stand-in)", "reference host-local", "file / ref"],
+        &["existing claims", "file store", "kubernetes store (stand-in)", "kubernetes, less the stand-in's own time", "reference host-local", "file / ref"],
     );
     let mut seeded_api = 0;
     let mut series: Vec<Series> = [
@@ -514,6 +514,10 @@ pub fn scale(suite: &mut Suite, topo: &mut Topology, api: &StandIn) {
     })
     .collect();
     let kube_dir = topo.file("scale-kube");
+    let mut own_series = Series {
+        name: "kubernetes store, less the stand-in's time".into(),
+        points: vec![],
+    };
     for &existing in &sizes {
         let file_dir = topo.file(&format!("scale-file-{existing}"));
         let hl_dir = topo.file(&format!("scale-hl-{existing}"));
@@ -546,11 +550,20 @@ pub fn scale(suite: &mut Suite, topo: &mut Topology, api: &StandIn) {
         ];
         let samples = interleaved(3, runs, |c| {
             let (plugin, conf) = &confs[c];
+            api.reset_stats();
             let add = exec(plugin, "ADD", &pod.path, conf, "scale", "scale-0");
+            let served = api.stats()["server busy us"].as_f64().unwrap_or(0.0) / 1e3;
             exec(plugin, "DEL", &pod.path, conf, "scale", "scale-0");
-            ms(add.elapsed)
+            (ms(add.elapsed), ms(add.elapsed) - served)
         });
-        let stats: Vec<Stats> = samples.iter().map(|s| Stats::of(s)).collect();
+        let stats: Vec<Stats> = samples
+            .iter()
+            .map(|s| Stats::of(&s.iter().map(|x| x.0).collect::<Vec<_>>()))
+            .collect();
+        let kube_own = Stats::of(&samples[1].iter().map(|x| x.1).collect::<Vec<_>>());
+        own_series
+            .points
+            .push((f64::from(existing), kube_own.median));
         for (c, stat) in stats.iter().enumerate() {
             series[c].points.push((f64::from(existing), stat.median));
         }
@@ -569,8 +582,16 @@ pub fn scale(suite: &mut Suite, topo: &mut Topology, api: &StandIn) {
             );
         }
         table.row(
-            vec![existing.to_string(), stats[0].cell(), stats[1].cell(), stats[2].cell(), ratio(&stats[0], &stats[2])],
-            json!({"existing": existing, "file": stats[0].json(), "kubernetes": stats[1].json(), "reference": stats[2].json()}),
+            vec![
+                existing.to_string(),
+                stats[0].cell(),
+                stats[1].cell(),
+                kube_own.cell(),
+                stats[2].cell(),
+                ratio(&stats[0], &stats[2]),
+            ],
+            json!({"existing": existing, "file": stats[0].json(), "kubernetes": stats[1].json(),
+                "kubernetes_less_server": kube_own.json(), "reference": stats[2].json()}),
         );
     }
     // The kubernetes store's one unbounded path: a node whose next-fit
@@ -610,7 +631,7 @@ pub fn scale(suite: &mut Suite, topo: &mut Topology, api: &StandIn) {
         );
         let one = Stats::of(&[ms(add.elapsed)]);
         table.row(
-            vec![format!("{existing}, kubernetes store, a node's first ADD whose start is taken (one LIST)"), "".into(), one.cell(), "".into(), "".into()],
+            vec![format!("{existing}, kubernetes store, a node's first ADD whose start is taken (one paged listing)"), "".into(), one.cell(), "".into(), "".into(), "".into()],
             json!({"existing": existing, "kubernetes_first_add_with_list": one.json()}),
         );
         suite.weigh(
@@ -621,15 +642,25 @@ pub fn scale(suite: &mut Suite, topo: &mut Topology, api: &StandIn) {
         );
     }
     suite.report.add(table);
-    for (i, label) in [(0, "file store"), (1, "kubernetes store (stand-in)")] {
+    series.insert(2, own_series);
+    let scan = "the stand-in answers each label-selected LIST (two per fresh ADD) by scanning every object, as kube-apiserver's watch cache does; the plugin's own time is the next target";
+    let own = "the plugin decodes the claims its LISTs return, and those grow with the pool only through the stand-in's answer size, not by count";
+    for (i, label, cause) in [
+        (0, "file store", "unexpected: see table 4"),
+        (1, "kubernetes store (stand-in)", scan),
+        (2, "kubernetes store, less the stand-in's own time", own),
+    ] {
         let pts = &series[i].points;
         if let (Some(first), Some(last)) = (pts.first(), pts.last()) {
             let q = last.1 / first.1;
             suite.report.verdict(
-                &format!("ADD at {} claims within 2x of {} claims, {label}", last.0, first.0),
+                &format!(
+                    "ADD at {} claims within 2x of {} claims, {label}",
+                    last.0, first.0
+                ),
                 format!("{q:.2}x ({:.2} vs {:.2} ms)", last.1, first.1),
                 q <= 2.0,
-                "the stand-in filters a label-selected LIST by scanning every object, as kube-apiserver's watch cache does",
+                cause,
             );
         }
     }
