@@ -5,6 +5,7 @@ pub mod args;
 pub mod conf;
 pub mod env;
 pub mod error;
+pub mod fault;
 pub mod log;
 pub mod result;
 pub mod skel;

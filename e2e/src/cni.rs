@@ -23,6 +23,8 @@ pub struct CniCall {
     pub unset: Vec<&'static str>,
     /// Run under GNU time, which writes the plugin's peak RSS here.
     pub rss_file: Option<PathBuf>,
+    /// Further variables, e.g. `STICKY_FAULT` for a crash point.
+    pub extra_env: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone)]
@@ -105,7 +107,13 @@ impl CniCall {
             config,
             unset: vec![],
             rss_file: None,
+            extra_env: vec![],
         }
+    }
+
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.extra_env.push((key.into(), value.into()));
+        self
     }
 
     /// Runs the plugin under GNU time (`/usr/bin/time -f %M`), which forks
@@ -192,6 +200,10 @@ impl CniCall {
             if !self.unset.contains(&k) {
                 cmd.env(k, v);
             }
+        }
+        cmd.env_remove("STICKY_FAULT");
+        for (k, v) in &self.extra_env {
+            cmd.env(k, v);
         }
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())

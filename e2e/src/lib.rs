@@ -76,25 +76,96 @@ pub fn links_in(netns: &str) -> Vec<String> {
         .collect()
 }
 
-/// Removes namespaces left by test runs whose process is gone.
+/// Removes what test runs whose process is gone left behind: their
+/// namespaces and their stand-in API servers.
 pub fn sweep_stale() {
-    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
-        return;
-    };
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let name = line.split_whitespace().next().unwrap_or("");
-        let Some(rest) = name.strip_prefix(NETNS_PREFIX) else {
-            continue;
-        };
-        let pid: u32 = rest
-            .split('-')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0);
-        if pid != 0 && !PathBuf::from(format!("/proc/{pid}")).exists() {
-            let _ = Command::new("ip").args(["netns", "del", name]).output();
+    let alive = |pid: u32| pid == 0 || PathBuf::from(format!("/proc/{pid}")).exists();
+    for (name, pid) in our_netns() {
+        if !alive(pid) {
+            let _ = Command::new("ip").args(["netns", "del", &name]).output();
         }
     }
+    for (standin, pid) in standins() {
+        if !alive(pid) {
+            // SAFETY: kill has no memory preconditions.
+            unsafe { libc::kill(standin, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Removes everything of the run with this pid, for a run that cannot
+/// unwind (the release profile aborts on panic, so no `Drop` runs): called
+/// from the benchmark's panic hook.
+pub fn remove_run(pid: u32) {
+    for (standin, owner) in standins() {
+        if owner == pid {
+            // SAFETY: kill has no memory preconditions.
+            unsafe { libc::kill(standin, libc::SIGKILL) };
+        }
+    }
+    for (name, owner) in our_netns() {
+        if owner == pid {
+            let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        }
+    }
+    let ours = format!("{NETNS_PREFIX}{pid}-");
+    if let Ok(dirs) = std::fs::read_dir(std::env::temp_dir()) {
+        for d in dirs.filter_map(|e| e.ok()) {
+            if d.file_name().to_string_lossy().starts_with(&ours) {
+                let _ = std::fs::remove_dir_all(d.path());
+            }
+        }
+    }
+}
+
+/// Our namespaces and the pid of the run that made each.
+fn our_netns() -> Vec<(String, u32)> {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return vec![];
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let name = line.split_whitespace().next()?;
+            let pid = run_pid(name.strip_prefix(NETNS_PREFIX)?);
+            Some((name.to_string(), pid))
+        })
+        .collect()
+}
+
+fn run_pid(after_prefix: &str) -> u32 {
+    after_prefix
+        .split('-')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Running stand-in API servers and the pid of the run that started each
+/// (from the control socket path, which carries the run's prefix).
+fn standins() -> Vec<(libc::pid_t, u32)> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    procs
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let pid: libc::pid_t = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).to_string())
+                .collect();
+            if !args.first()?.ends_with("kube-standin") {
+                return None;
+            }
+            let control = args.iter().skip_while(|a| *a != "--control").nth(1)?;
+            let owner = control
+                .split('/')
+                .find_map(|part| part.strip_prefix(NETNS_PREFIX).map(run_pid))?;
+            Some((pid, owner))
+        })
+        .collect()
 }
 
 pub struct Node {

@@ -215,7 +215,8 @@ impl Report {
             }
         }
         md.push_str("\n## Targets\n\n");
-        md.push_str(&self.verdict_table().markdown());
+        let targets = self.verdict_table().markdown();
+        md.push_str(targets.trim_start_matches("**Targets**\n\n"));
         md.push_str("\n## Results\n\n");
         for t in &self.tables {
             md.push_str(&t.markdown());
@@ -251,10 +252,10 @@ pub struct Series {
 }
 
 const PALETTE: [&str; 5] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"];
-const W: f64 = 720.0;
+const W: f64 = 860.0;
 const H: f64 = 420.0;
 const LEFT: f64 = 70.0;
-const RIGHT: f64 = 200.0;
+const RIGHT: f64 = 330.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 60.0;
 
@@ -329,7 +330,8 @@ pub fn line_plot(
             r##"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"##,
             path.join(" ")
         );
-        for &(x, y) in &s.points {
+        // Markers only where they can be told apart.
+        for &(x, y) in s.points.iter().filter(|_| s.points.len() <= 40) {
             let _ = write!(
                 svg,
                 r##"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{colour}"/>"##,
@@ -392,7 +394,7 @@ fn nice_ceiling(v: f64) -> f64 {
         return 1.0;
     }
     let mag = 10f64.powf(v.log10().floor());
-    [1.0, 2.0, 2.5, 5.0, 10.0]
+    [1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0]
         .iter()
         .map(|m| m * mag)
         .find(|&c| c >= v)
@@ -455,7 +457,11 @@ mod tests {
         assert!(svg.contains("t &lt;1&gt;") && svg.contains(">10k<"));
         let d = distribution_plot("d", "ms", &[("x".into(), vec![3.0, 1.0, 2.0])]);
         assert_eq!(d.matches("<circle").count(), 3);
-        assert_eq!(nice_ceiling(7.3), 10.0);
+        let many: Vec<f64> = (0..100).map(f64::from).collect();
+        let d = distribution_plot("d", "ms", &[("x".into(), many)]);
+        assert_eq!(d.matches("<circle").count(), 0);
+        assert_eq!(nice_ceiling(7.3), 8.0);
         assert_eq!(nice_ceiling(23.0), 25.0);
+        assert_eq!(nice_ceiling(1130.0), 1200.0);
     }
 }

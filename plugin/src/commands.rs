@@ -36,7 +36,9 @@ pub fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Output> {
     let result = match env.command {
         Command::Add => {
             let mut nl = connect(Some(&env.netns))?;
-            add(env, &conf, &mut nl, ipam_dyn).map(Some)
+            let out = add(env, &conf, &mut nl, ipam_dyn).map(Some);
+            cni::fault::point(cni::fault::ADD_DONE);
+            out
         }
         Command::Del => del_with_netns(env, ipam_dyn).map(|()| None),
         Command::Check => {
@@ -136,6 +138,7 @@ pub fn add(
     let result = match ipam {
         None => finish_l2(env, conf, nl, &link, prev),
         Some(ipam) => ipam.add().and_then(|allocated| {
+            cni::fault::point(cni::fault::ADD_CLAIM_WRITTEN);
             let taken = ipam.taken_over();
             finish_l3(env, conf, nl, &link, mac.is_none(), allocated, &taken, prev).map_err(|e| {
                 let release = ipam
@@ -269,6 +272,7 @@ fn finish_l3(
         // too, and its reply to that MAC would never leave its node.
         macvlan::probe_addresses(nl, link, &probed, conf.probe.spec)?;
     }
+    cni::fault::point(cni::fault::ADD_PROBED);
     let link = &match sticky {
         Some(mac) => set_sticky_mac(nl, link, mac)?,
         None => link.clone(),
@@ -301,6 +305,7 @@ fn del_with_netns(env: &CniEnv, ipam: Option<&mut dyn Ipam>) -> CniResult<()> {
         if let Err(e) = ipam.del() {
             errors.push(e);
         }
+        cni::fault::point(cni::fault::DEL_CLAIM_RELEASED);
     }
     if !env.netns.is_empty() {
         match open_netns(Path::new(&env.netns)) {
@@ -320,6 +325,7 @@ fn del_with_netns(env: &CniEnv, ipam: Option<&mut dyn Ipam>) -> CniResult<()> {
                     if let Err(e) = macvlan::remove_link(&mut nl, &env.ifname) {
                         errors.push(e);
                     }
+                    cni::fault::point(cni::fault::DEL_LINK_REMOVED);
                 }
             },
         }

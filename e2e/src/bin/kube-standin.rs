@@ -369,8 +369,20 @@ impl State {
                 let after = query_param(url, "continue").unwrap_or_default();
                 let mut items = Vec::new();
                 let mut more = None;
-                let objects = self.objects.get(&t.collection).into_iter().flatten();
-                for (_, obj) in objects.filter(|(name, _)| after.is_empty() || **name > after) {
+                // A range from the token, as etcd reads from a key: a page
+                // costs what it holds, not what precedes it.
+                use std::ops::Bound::{Excluded, Unbounded};
+                let start = if after.is_empty() {
+                    Unbounded
+                } else {
+                    Excluded(after)
+                };
+                let objects = self
+                    .objects
+                    .get(&t.collection)
+                    .into_iter()
+                    .flat_map(|m| m.range::<String, _>((start.clone(), Unbounded)));
+                for (_, obj) in objects {
                     let labels = obj.pointer("/metadata/labels").unwrap_or(&Value::Null);
                     match selector_matches(&selector, labels) {
                         Ok(true) if limit.is_some_and(|l| items.len() >= l) => {

@@ -580,6 +580,9 @@ impl ClaimStore for FileStore {
         if wrote && self.durable {
             fsync_dir(&self.root.join(IDENTITIES))?;
         }
+        if wrote {
+            cni::fault::point(cni::fault::ADD_IDENTITY_RECORDED);
+        }
         // 2. The claims themselves.
         for change in &plan.changes {
             match (&change.before, &change.after) {

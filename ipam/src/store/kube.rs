@@ -325,6 +325,9 @@ impl ClaimStore for KubeStore<'_> {
             }
             applied.push(change.clone());
         }
+        if plan.changes.iter().any(|c| c.before.is_none()) {
+            cni::fault::point(cni::fault::ADD_IDENTITY_RECORDED);
+        }
         if let Err(e) = self.verify_single(plan) {
             self.roll_back(&applied);
             return Err(e);

@@ -108,6 +108,15 @@ impl Netlink for FakeNetlink {
         Ok(self.link(ns, name).map(|l| l.state.clone()))
     }
 
+    fn links(&mut self, ns: Ns) -> NlResult<Vec<LinkState>> {
+        self.maybe_fail("links", format!("links {ns:?}"))?;
+        Ok(self
+            .links
+            .get(&ns)
+            .map(|l| l.iter().map(|l| l.state.clone()).collect())
+            .unwrap_or_default())
+    }
+
     fn default_route_link(&mut self, ns: Ns) -> NlResult<Option<String>> {
         self.maybe_fail("default_route_link", format!("default_route_link {ns:?}"))?;
         Ok(self.default_route.get(&ns).cloned())

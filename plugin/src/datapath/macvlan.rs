@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 
-use super::{format_mac, Mac, Netlink, NewMacvlan, NewRoute, NlError, Ns};
+use super::{format_mac, LinkState, Mac, Netlink, NewMacvlan, NewRoute, NlError, Ns};
 use crate::cni::{code, CniError, CniResult, IpConfig, Route};
 use crate::config::MacvlanMode;
 use crate::log;
+use cni::fault;
 
 /// Attempts at a free temporary name before giving up (names are random,
 /// so a clash twice in a row means something is very wrong).
@@ -109,7 +110,20 @@ fn random_suffix() -> u32 {
 }
 
 pub fn tmp_name() -> String {
-    format!("smv{:08x}", random_suffix())
+    format!("{TMP_PREFIX}{:08x}", random_suffix())
+}
+
+const TMP_PREFIX: &str = "smv";
+
+/// A macvlan only we name this way: created, never renamed, because the
+/// ADD died in between (kill -9, a node crash).
+fn is_our_leftover(link: &LinkState) -> bool {
+    link.kind.as_deref() == Some("macvlan")
+        && link.name.len() == TMP_PREFIX.len() + 8
+        && link
+            .name
+            .strip_prefix(TMP_PREFIX)
+            .is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// Creates the macvlan in the pod netns under a temporary name (a name
@@ -163,6 +177,7 @@ pub fn create_link(
             }
         }
     }
+    fault::point(fault::ADD_LINK_CREATED);
     let tmp = created.ok_or_else(|| {
         CniError::datapath(format!("cannot create macvlan on master {:?}: {TMP_NAME_ATTEMPTS} temporary names were all taken", master.name))
     })?;
@@ -185,6 +200,7 @@ pub fn create_link(
         };
         return Err(with_cleanup(err, remove_by_index(nl, link.index, &tmp)));
     }
+    fault::point(fault::ADD_LINK_RENAMED);
     Ok(CreatedLink {
         index: link.index,
         name: ifname.to_string(),
@@ -275,6 +291,7 @@ pub fn configure_l3(
             })?;
     }
 
+    fault::point(fault::ADD_ADDRESS_SET);
     // Up only once the addresses are on: arp_notify announces the addresses
     // present at NETDEV_UP, not ones added later.
     nl.set_link_up(Ns::Pod, link.index).map_err(datapath)?;
@@ -301,6 +318,7 @@ pub fn configure_l3(
             CniError::datapath(format!("cannot add route {}{via} dev {ifname}: {e}", r.dst))
         })?;
     }
+    fault::point(fault::ADD_ROUTES_SET);
     Ok(())
 }
 
@@ -458,17 +476,30 @@ pub fn settle_ipv6(nl: &mut dyn Netlink, link: &CreatedLink) -> CniResult<()> {
 }
 
 /// DEL: removes `ifname` from the pod netns; already gone is success.
+/// DEL's link work: the interface, and any macvlan an ADD that died
+/// between creating and renaming it left under a temporary name (such a
+/// link would otherwise stay in a live pod until its netns goes).
 pub fn remove_link(nl: &mut dyn Netlink, ifname: &str) -> CniResult<()> {
-    let Some(link) = nl.link_by_name(Ns::Pod, ifname).map_err(datapath)? else {
-        return Ok(());
-    };
-    match nl.delete_link(Ns::Pod, link.index) {
-        Ok(()) => Ok(()),
-        Err(e) if e.is_no_device() => Ok(()),
-        Err(e) => Err(CniError::datapath(format!(
-            "cannot delete {ifname:?} from the pod netns: {e}"
-        ))),
+    let mut doomed: Vec<LinkState> = nl
+        .links(Ns::Pod)
+        .map_err(datapath)?
+        .into_iter()
+        .filter(|l| l.name == ifname || is_our_leftover(l))
+        .collect();
+    // The interface first: it is what the caller is waiting for.
+    doomed.sort_by_key(|l| l.name != ifname);
+    let mut errors = Vec::new();
+    for link in doomed {
+        match nl.delete_link(Ns::Pod, link.index) {
+            Ok(()) => {}
+            Err(e) if e.is_no_device() => {}
+            Err(e) => errors.push(CniError::datapath(format!(
+                "cannot delete {:?} from the pod netns: {e}",
+                link.name
+            ))),
+        }
     }
+    CniError::combine(errors).map_or(Ok(()), Err)
 }
 
 fn mismatch(msg: String) -> CniError {
@@ -552,6 +583,53 @@ mod tests {
         FakeNetlink::new()
             .with_device(Ns::Node, "uplink0", 1500)
             .with_default_route(Ns::Node, "uplink0")
+    }
+
+    #[test]
+    fn del_removes_the_interface_and_leftovers_of_a_killed_add_only() {
+        let mut nl = fake().with_device(Ns::Pod, "eth0", 1500);
+        let master = resolve_master(&mut nl, Some("uplink0"), false, 0).unwrap();
+        create_link(&mut nl, "net1", &master, &spec()).unwrap();
+        // An ADD killed between create and rename left its temporary name.
+        let leftover = NewMacvlan {
+            tmp_name: tmp_name(),
+            master_index: master.index,
+            master_ns: master.ns,
+            mode: MacvlanMode::Bridge,
+            mtu: None,
+            mac: None,
+            bc_queue_len: None,
+        };
+        nl.create_macvlan(&leftover).unwrap();
+        remove_link(&mut nl, "net1").unwrap();
+        assert!(nl.link(Ns::Pod, "net1").is_none());
+        assert!(nl.link(Ns::Pod, &leftover.tmp_name).is_none());
+        assert!(nl.link(Ns::Pod, "eth0").is_some());
+        // Idempotent: nothing left to remove is not an error.
+        remove_link(&mut nl, "net1").unwrap();
+    }
+
+    #[test]
+    fn only_our_temporary_names_count_as_leftovers() {
+        let state = |name: &str, kind: Option<&str>| LinkState {
+            index: 1,
+            name: name.into(),
+            mtu: 1500,
+            mac: None,
+            kind: kind.map(String::from),
+            macvlan_mode: None,
+            up: false,
+        };
+        assert!(is_our_leftover(&state("smv0a1b2c3d", Some("macvlan"))));
+        for (name, kind) in [
+            ("smv0a1b2c3d", Some("veth")),
+            ("smv0a1b2c3d", None),
+            ("smv0a1b2c3", Some("macvlan")),
+            ("smvzzzzzzzz", Some("macvlan")),
+            ("net1", Some("macvlan")),
+        ] {
+            assert!(!is_our_leftover(&state(name, kind)), "{name} {kind:?}");
+        }
     }
 
     fn spec() -> LinkSpec {

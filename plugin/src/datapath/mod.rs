@@ -154,6 +154,8 @@ pub type NlResult<T> = Result<T, NlError>;
 /// logic can run against `fake::FakeNetlink` in unit tests.
 pub trait Netlink {
     fn link_by_name(&mut self, ns: Ns, name: &str) -> NlResult<Option<LinkState>>;
+    /// Every link in the namespace (a dump; DEL's sweep of leftovers).
+    fn links(&mut self, ns: Ns) -> NlResult<Vec<LinkState>>;
     /// The interface of the first default route (IPv4, then IPv6).
     fn default_route_link(&mut self, ns: Ns) -> NlResult<Option<String>>;
     fn create_macvlan(&mut self, req: &NewMacvlan) -> NlResult<()>;

@@ -300,6 +300,19 @@ impl Netlink for RtnlClient {
         })
     }
 
+    fn links(&mut self, ns: Ns) -> NlResult<Vec<LinkState>> {
+        let handle = self.handle(ns)?;
+        let op = format!("list links in the {ns}");
+        self.rt.block_on(async {
+            let mut dump = handle.link().get().execute();
+            let mut out = Vec::new();
+            while let Some(msg) = dump.try_next().await.map_err(|e| nl_err(&op, e))? {
+                out.push(link_state(&msg));
+            }
+            Ok(out)
+        })
+    }
+
     fn default_route_link(&mut self, ns: Ns) -> NlResult<Option<String>> {
         let handle = self.handle(ns)?;
         let op = format!("list routes in the {ns}");

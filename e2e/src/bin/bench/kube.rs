@@ -256,7 +256,7 @@ pub fn requests_and_churn(suite: &mut Suite, topo: &mut Topology, api: &StandIn)
     }
     let mut table = Table::new(
         "requests",
-        format!("5a. API requests per operation, counted by the stand-in, {samples} samples each"),
+        format!("4a. API requests per operation, counted by the stand-in, {samples} samples each"),
         &["operation", "median", "max", "requests (the last sample)"],
     );
     let median = |v: &[u64]| {
@@ -287,7 +287,7 @@ pub fn requests_and_churn(suite: &mut Suite, topo: &mut Topology, api: &StandIn)
             &format!("API requests, {case} <= {limit}"),
             m.to_string(),
             m > 0 && m <= limit,
-            "see the breakdown in table 5a",
+            "see the breakdown in table 4a",
         );
     }
 
@@ -333,7 +333,7 @@ pub fn requests_and_churn(suite: &mut Suite, topo: &mut Topology, api: &StandIn)
     ];
     let mut table = Table::new(
         "churn",
-        format!("5b. {n} pods churned (ADD then DEL) over 3 nodes x 2 workers, half StatefulSet pods; ADD ms"),
+        format!("4b. {n} pods churned (ADD then DEL) over 3 nodes x 2 workers, half StatefulSet pods; ADD ms"),
         &["store", "ADDs/s", "p50", "p90", "p99", "max", "API requests"],
     );
     for (label, store_of, every) in &runs {
@@ -361,7 +361,7 @@ pub fn requests_and_churn(suite: &mut Suite, topo: &mut Topology, api: &StandIn)
         .filter(|c| !c["status"]["holder"].is_null())
         .count();
     suite.report.notes.push(format!(
-        "after the churn of table 5b: {} IPClaim objects of its network ({} sticky reserved, {held} held); every DEL released its dynamic claim",
+        "after the churn of table 4b: {} IPClaim objects of its network ({} sticky reserved, {held} held); every DEL released its dynamic claim",
         left.len(),
         left.len() - held
     ));
