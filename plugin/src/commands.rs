@@ -133,7 +133,9 @@ pub fn add(
         mac,
         bc_queue_len: conf.bc_queue_len,
     };
-    let link = macvlan::create_link(nl, &env.ifname, &master, &spec)?;
+    let alias = macvlan::owner_alias(&env.container_id, &env.ifname);
+    macvlan::replace_own_leftover(nl, &env.ifname, &alias)?;
+    let link = macvlan::create_link(nl, &env.ifname, &alias, &master, &spec)?;
 
     let result = match ipam {
         None => finish_l2(env, conf, nl, &link, prev),

@@ -53,6 +53,7 @@ impl FakeNetlink {
                 kind: Some("veth".into()),
                 macvlan_mode: None,
                 up: true,
+                alias: None,
             },
             addrs: vec![],
         });
@@ -150,18 +151,21 @@ impl Netlink for FakeNetlink {
                 kind: Some("macvlan".into()),
                 macvlan_mode: Some(req.mode),
                 up: false,
+                alias: None,
             },
             addrs: vec![],
         });
         Ok(())
     }
 
-    fn rename_link(&mut self, ns: Ns, index: u32, name: &str) -> NlResult<()> {
+    fn rename_link(&mut self, ns: Ns, index: u32, name: &str, alias: &str) -> NlResult<()> {
         self.maybe_fail("rename_link", format!("rename_link {ns:?} {index} {name}"))?;
         if self.link(ns, name).is_some() {
             return Err(NlError::from_errno("rename_link", libc::EEXIST));
         }
-        self.link_mut(ns, index)?.state.name = name.into();
+        let link = self.link_mut(ns, index)?;
+        link.state.name = name.into();
+        link.state.alias = Some(alias.into());
         Ok(())
     }
 

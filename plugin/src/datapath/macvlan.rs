@@ -130,9 +130,36 @@ fn is_our_leftover(link: &LinkState) -> bool {
 /// clash with the node's interfaces is impossible that way, and a clash in
 /// the pod is retried) and renames it to `ifname`. On any failure nothing
 /// is left behind.
+/// The alias our links carry: which attachment made them, so a retried
+/// ADD of that same attachment knows a link it finds is its own.
+pub fn owner_alias(container_id: &str, ifname: &str) -> String {
+    // IFALIASZ is 256 bytes with the NUL; container IDs are 64 hex digits.
+    let mut alias = format!("sticky-macvlan {container_id}/{ifname}");
+    alias.truncate(alias.floor_char_boundary(255));
+    alias
+}
+
+/// An ADD of this attachment that was killed after the rename left its
+/// interface behind: the runtime's retry replaces it instead of failing on
+/// "already exists". A link of that name made by anyone else is left
+/// alone, and the create below refuses.
+pub fn replace_own_leftover(nl: &mut dyn Netlink, ifname: &str, alias: &str) -> CniResult<()> {
+    let Some(link) = nl.link_by_name(Ns::Pod, ifname).map_err(datapath)? else {
+        return Ok(());
+    };
+    if link.kind.as_deref() != Some("macvlan") || link.alias.as_deref() != Some(alias) {
+        return Ok(());
+    }
+    log::info(&format!(
+        "{ifname:?} in the pod netns is left from an earlier, interrupted ADD of this attachment: replacing it"
+    ));
+    remove_by_index(nl, link.index, ifname)
+}
+
 pub fn create_link(
     nl: &mut dyn Netlink,
     ifname: &str,
+    alias: &str,
     master: &Master,
     spec: &LinkSpec,
 ) -> CniResult<CreatedLink> {
@@ -190,7 +217,7 @@ pub fn create_link(
         }
         Err(e) => return Err(datapath(e)),
     };
-    if let Err(e) = nl.rename_link(Ns::Pod, link.index, ifname) {
+    if let Err(e) = nl.rename_link(Ns::Pod, link.index, ifname, alias) {
         let err = if e.is_exists() {
             CniError::datapath(format!(
                 "interface {ifname:?} already exists in the pod netns: each attachment needs its own CNI_IFNAME"
@@ -589,7 +616,7 @@ mod tests {
     fn del_removes_the_interface_and_leftovers_of_a_killed_add_only() {
         let mut nl = fake().with_device(Ns::Pod, "eth0", 1500);
         let master = resolve_master(&mut nl, Some("uplink0"), false, 0).unwrap();
-        create_link(&mut nl, "net1", &master, &spec()).unwrap();
+        create_link(&mut nl, "net1", "t", &master, &spec()).unwrap();
         // An ADD killed between create and rename left its temporary name.
         let leftover = NewMacvlan {
             tmp_name: tmp_name(),
@@ -610,6 +637,23 @@ mod tests {
     }
 
     #[test]
+    fn a_retried_add_replaces_only_its_own_interface() {
+        let mut nl = fake();
+        let master = resolve_master(&mut nl, Some("uplink0"), false, 0).unwrap();
+        let mine = owner_alias("c1", "net1");
+        let first = create_link(&mut nl, "net1", &mine, &master, &spec()).unwrap();
+        // Another attachment's retry leaves it alone, and is refused.
+        replace_own_leftover(&mut nl, "net1", &owner_alias("c2", "net1")).unwrap();
+        assert!(create_link(&mut nl, "net1", "other", &master, &spec()).is_err());
+        assert_eq!(nl.link(Ns::Pod, "net1").unwrap().state.index, first.index);
+        // The same attachment's retry replaces it.
+        replace_own_leftover(&mut nl, "net1", &mine).unwrap();
+        let again = create_link(&mut nl, "net1", &mine, &master, &spec()).unwrap();
+        assert_ne!(again.index, first.index);
+        assert_eq!(owner_alias(&"x".repeat(400), "net1").len(), 255);
+    }
+
+    #[test]
     fn only_our_temporary_names_count_as_leftovers() {
         let state = |name: &str, kind: Option<&str>| LinkState {
             index: 1,
@@ -619,6 +663,7 @@ mod tests {
             kind: kind.map(String::from),
             macvlan_mode: None,
             up: false,
+            alias: None,
         };
         assert!(is_our_leftover(&state("smv0a1b2c3d", Some("macvlan"))));
         for (name, kind) in [
@@ -704,7 +749,7 @@ mod tests {
     fn create_renames_into_place() {
         let mut nl = fake();
         let m = resolve_master(&mut nl, None, false, 0).unwrap();
-        let link = create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        let link = create_link(&mut nl, "net1", "t", &m, &spec()).unwrap();
         assert_eq!(nl.link_names(Ns::Pod), vec!["net1"]);
         assert_eq!(link.name, "net1");
         let l = nl.link(Ns::Pod, "net1").unwrap();
@@ -716,7 +761,7 @@ mod tests {
     fn temp_name_clash_is_retried() {
         let mut nl = fake().fail("create_macvlan", libc::EEXIST);
         let m = resolve_master(&mut nl, None, false, 0).unwrap();
-        create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        create_link(&mut nl, "net1", "t", &m, &spec()).unwrap();
         let creates = nl
             .calls
             .iter()
@@ -729,7 +774,7 @@ mod tests {
     fn existing_ifname_fails_and_leaves_nothing() {
         let mut nl = fake().with_device(Ns::Pod, "net1", 1500);
         let m = resolve_master(&mut nl, None, false, 0).unwrap();
-        let e = create_link(&mut nl, "net1", &m, &spec()).unwrap_err();
+        let e = create_link(&mut nl, "net1", "t", &m, &spec()).unwrap_err();
         assert!(e.msg.contains("already exists"), "{}", e.msg);
         assert_eq!(
             nl.link_names(Ns::Pod),
@@ -742,7 +787,7 @@ mod tests {
     fn create_failure_is_reported_with_master() {
         let mut nl = fake().fail("create_macvlan", libc::EPERM);
         let m = resolve_master(&mut nl, None, false, 0).unwrap();
-        let e = create_link(&mut nl, "net1", &m, &spec()).unwrap_err();
+        let e = create_link(&mut nl, "net1", "t", &m, &spec()).unwrap_err();
         assert_eq!(e.code, code::DATAPATH);
         assert!(e.msg.contains("uplink0"));
         assert!(nl.link_names(Ns::Pod).is_empty());
@@ -752,7 +797,7 @@ mod tests {
     fn l3_config_uses_gateway_fallback_per_family() {
         let mut nl = fake();
         let m = resolve_master(&mut nl, None, false, 0).unwrap();
-        let link = create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        let link = create_link(&mut nl, "net1", "t", &m, &spec()).unwrap();
         let ips = [
             ip("10.0.0.5/24", Some("10.0.0.1")),
             ip("fd00::5/64", Some("fd00::1")),
@@ -796,7 +841,7 @@ mod tests {
     fn route_without_any_gateway_is_on_link() {
         let mut nl = fake();
         let m = resolve_master(&mut nl, None, false, 0).unwrap();
-        let link = create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        let link = create_link(&mut nl, "net1", "t", &m, &spec()).unwrap();
         configure_l3(
             &mut nl,
             &link,
@@ -817,7 +862,7 @@ mod tests {
             "1".into(),
         );
         let m = resolve_master(&mut nl, None, false, 0).unwrap();
-        let link = create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        let link = create_link(&mut nl, "net1", "t", &m, &spec()).unwrap();
         configure_l3(&mut nl, &link, &[ip("fd00::5/64", None)], &[]).unwrap();
         assert_eq!(
             nl.sysctls[&(Ns::Pod, "net/ipv6/conf/lo/disable_ipv6".into())],
@@ -829,7 +874,7 @@ mod tests {
     fn sysctl_failures_do_not_fail_the_add() {
         let mut nl = fake().fail("write_sysctl", libc::EACCES);
         let m = resolve_master(&mut nl, None, false, 0).unwrap();
-        let link = create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        let link = create_link(&mut nl, "net1", "t", &m, &spec()).unwrap();
         configure_l3(&mut nl, &link, &[ip("10.0.0.5/24", None)], &[]).unwrap();
     }
 
@@ -837,7 +882,7 @@ mod tests {
     fn address_failure_is_named_and_discard_removes_link() {
         let mut nl = fake().fail("add_address", libc::EINVAL);
         let m = resolve_master(&mut nl, None, false, 0).unwrap();
-        let link = create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        let link = create_link(&mut nl, "net1", "t", &m, &spec()).unwrap();
         let e = configure_l3(&mut nl, &link, &[ip("10.0.0.5/24", None)], &[]).unwrap_err();
         assert!(e.msg.contains("10.0.0.5/24"), "{}", e.msg);
         discard_link(&mut nl, &link).unwrap();
@@ -848,7 +893,7 @@ mod tests {
     fn remove_is_idempotent() {
         let mut nl = fake();
         let m = resolve_master(&mut nl, None, false, 0).unwrap();
-        create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        create_link(&mut nl, "net1", "t", &m, &spec()).unwrap();
         remove_link(&mut nl, "net1").unwrap();
         remove_link(&mut nl, "net1").unwrap();
         assert!(nl.link_names(Ns::Pod).is_empty());
@@ -858,7 +903,7 @@ mod tests {
     fn remove_reports_real_failures() {
         let mut nl = fake();
         let m = resolve_master(&mut nl, None, false, 0).unwrap();
-        create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        create_link(&mut nl, "net1", "t", &m, &spec()).unwrap();
         let mut nl = nl.fail("delete_link", libc::EBUSY);
         let e = remove_link(&mut nl, "net1").unwrap_err();
         assert!(e.msg.contains("net1"));
@@ -867,7 +912,7 @@ mod tests {
     fn configured() -> (FakeNetlink, CreatedLink, Vec<Route>) {
         let mut nl = fake();
         let m = resolve_master(&mut nl, None, false, 0).unwrap();
-        let link = create_link(&mut nl, "net1", &m, &spec()).unwrap();
+        let link = create_link(&mut nl, "net1", "t", &m, &spec()).unwrap();
         let routes = vec![Route::new("0.0.0.0/0".parse().unwrap(), None)];
         configure_l3(
             &mut nl,

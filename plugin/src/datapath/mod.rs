@@ -66,6 +66,8 @@ pub struct LinkState {
     pub kind: Option<String>,
     pub macvlan_mode: Option<MacvlanMode>,
     pub up: bool,
+    /// `IFLA_IFALIAS`: ours carry the attachment that made them.
+    pub alias: Option<String>,
 }
 
 /// A macvlan to create, under a temporary name, in the pod netns.
@@ -159,7 +161,8 @@ pub trait Netlink {
     /// The interface of the first default route (IPv4, then IPv6).
     fn default_route_link(&mut self, ns: Ns) -> NlResult<Option<String>>;
     fn create_macvlan(&mut self, req: &NewMacvlan) -> NlResult<()>;
-    fn rename_link(&mut self, ns: Ns, index: u32, name: &str) -> NlResult<()>;
+    /// Renames the link and sets its alias in the same request.
+    fn rename_link(&mut self, ns: Ns, index: u32, name: &str, alias: &str) -> NlResult<()>;
     fn set_link_up(&mut self, ns: Ns, index: u32) -> NlResult<()>;
     /// Sets the MAC of a link that is still down.
     fn set_link_mac(&mut self, ns: Ns, index: u32, mac: Mac) -> NlResult<()>;

@@ -86,10 +86,12 @@ fn link_state(msg: &LinkMessage) -> LinkState {
         kind: None,
         macvlan_mode: None,
         up: msg.header.flags.contains(LinkFlags::Up),
+        alias: None,
     };
     for attr in &msg.attributes {
         match attr {
             LinkAttribute::IfName(n) => state.name = n.clone(),
+            LinkAttribute::IfAlias(a) => state.alias = Some(a.clone()),
             LinkAttribute::Mtu(m) => state.mtu = *m,
             LinkAttribute::Address(a) if a.len() == 6 => {
                 let mut mac = [0u8; 6];
@@ -384,10 +386,12 @@ impl Netlink for RtnlClient {
         })
     }
 
-    fn rename_link(&mut self, ns: Ns, index: u32, name: &str) -> NlResult<()> {
-        let msg = LinkUnspec::new_with_index(index)
+    fn rename_link(&mut self, ns: Ns, index: u32, name: &str, alias: &str) -> NlResult<()> {
+        let mut msg = LinkUnspec::new_with_index(index)
             .name(name.to_string())
             .build();
+        msg.attributes
+            .push(LinkAttribute::IfAlias(alias.to_string()));
         self.set_link(
             ns,
             msg,
