@@ -491,3 +491,384 @@ fn existing_ifname_in_the_pod_is_refused_without_side_effects() {
         "no address was allocated"
     );
 }
+
+enum Expect {
+    /// Refused with this code and a message naming this.
+    Refused(u64, &'static str),
+    /// Accepted: untrusted text reaches the store only hashed, inside it.
+    Contained,
+}
+
+/// (label, plugin keys, ipam keys, args.cni, CNI_ARGS, expected)
+type StickyCase = (&'static str, Value, Value, Value, &'static str, Expect);
+
+/// Every file under `dir`, relative to it.
+fn files_under(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap_or(&p).display().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Bad input to sticky-ipam through the real binary: identities with `/`,
+/// `..`, NUL, 10 KB and unicode, and each config key with a value it must
+/// refuse. A refusal has the exact code, names the field, and leaves the
+/// store without a record and the pod without a link; an odd identity that
+/// is valid is stored hashed, inside the store.
+#[test]
+fn sticky_ipam_input_table() {
+    let mut topo = Topology::new(1);
+    let long = "x".repeat(10 * 1024);
+    let cases: Vec<StickyCase> = vec![
+        (
+            "identity empty",
+            json!({}),
+            json!({}),
+            json!({"identity": ""}),
+            "",
+            Expect::Refused(7, "args.cni.identity"),
+        ),
+        (
+            "identity with NUL",
+            json!({}),
+            json!({}),
+            json!({"identity": "a\u{0}b"}),
+            "",
+            Expect::Refused(7, "args.cni.identity"),
+        ),
+        (
+            "identity with a newline",
+            json!({}),
+            json!({}),
+            json!({"identity": "a\nb"}),
+            "",
+            Expect::Refused(7, "args.cni.identity"),
+        ),
+        (
+            "identity of 10 KB",
+            json!({}),
+            json!({}),
+            json!({"identity": long}),
+            "",
+            Expect::Refused(7, "args.cni.identity"),
+        ),
+        (
+            "identity a number",
+            json!({}),
+            json!({}),
+            json!({"identity": 5}),
+            "",
+            Expect::Refused(7, "args.cni.identity"),
+        ),
+        (
+            "identity an object",
+            json!({}),
+            json!({}),
+            json!({"identity": {"a": 1}}),
+            "",
+            Expect::Refused(7, "args.cni.identity"),
+        ),
+        (
+            "ipam.identity with NUL",
+            json!({}),
+            json!({"identity": "a\u{0}b"}),
+            json!({}),
+            "",
+            Expect::Refused(7, "identity"),
+        ),
+        (
+            "ipam.identityPolicy unknown",
+            json!({}),
+            json!({"identityPolicy": "magic"}),
+            json!({}),
+            "",
+            Expect::Refused(7, "identityPolicy"),
+        ),
+        (
+            "subnet /33",
+            json!({}),
+            json!({"subnet": "10.213.0.0/33"}),
+            json!({}),
+            "",
+            Expect::Refused(7, "subnet"),
+        ),
+        (
+            "subnet not an address",
+            json!({}),
+            json!({"subnet": "nonsense"}),
+            json!({}),
+            "",
+            Expect::Refused(7, "subnet"),
+        ),
+        (
+            "subnet in full-width digits",
+            json!({}),
+            json!({"subnet": "\u{ff11}0.0.0.0/8"}),
+            json!({}),
+            "",
+            Expect::Refused(7, "subnet"),
+        ),
+        (
+            "rangeStart outside the subnet",
+            json!({}),
+            json!({"rangeStart": "10.99.0.10"}),
+            json!({}),
+            "",
+            Expect::Refused(7, "rangeStart"),
+        ),
+        (
+            "rangeEnd before rangeStart",
+            json!({}),
+            json!({"rangeStart": "10.213.0.100", "rangeEnd": "10.213.0.20"}),
+            json!({}),
+            "",
+            Expect::Refused(7, "rangeEnd"),
+        ),
+        (
+            "gateway outside the subnet",
+            json!({}),
+            json!({"gateway": "10.99.0.1"}),
+            json!({}),
+            "",
+            Expect::Refused(7, "gateway"),
+        ),
+        (
+            "route dst not a prefix",
+            json!({}),
+            json!({"routes": [{"dst": "default"}]}),
+            json!({}),
+            "",
+            Expect::Refused(7, "routes"),
+        ),
+        (
+            "store type unknown",
+            json!({}),
+            json!({"store": {"type": "etcd"}}),
+            json!({}),
+            "",
+            Expect::Refused(7, "store"),
+        ),
+        (
+            "dataDir relative",
+            json!({}),
+            json!({"dataDir": "relative/dir"}),
+            json!({}),
+            "",
+            Expect::Refused(7, "dataDir"),
+        ),
+        (
+            "exclude not an address",
+            json!({}),
+            json!({"exclude": ["nope"]}),
+            json!({}),
+            "",
+            Expect::Refused(7, "exclude"),
+        ),
+        (
+            "probe.count 11",
+            json!({"probe": {"count": 11}}),
+            json!({}),
+            json!({}),
+            "",
+            Expect::Refused(7, "probe.count"),
+        ),
+        (
+            "probe.intervalMs 5",
+            json!({"probe": {"intervalMs": 5}}),
+            json!({}),
+            json!({}),
+            "",
+            Expect::Refused(7, "probe.intervalMs"),
+        ),
+        (
+            "mtu negative",
+            json!({"mtu": -1}),
+            json!({}),
+            json!({}),
+            "",
+            Expect::Refused(7, "mtu"),
+        ),
+        (
+            "mode unknown",
+            json!({"mode": "weird"}),
+            json!({}),
+            json!({}),
+            "",
+            Expect::Refused(7, "mode"),
+        ),
+        (
+            "mac not a MAC",
+            json!({"mac": "zz:zz:zz:zz:zz:zz"}),
+            json!({}),
+            json!({}),
+            "",
+            Expect::Refused(7, "mac"),
+        ),
+        (
+            "network name with /",
+            json!({"name": "a/../../b"}),
+            json!({}),
+            json!({}),
+            "",
+            Expect::Refused(7, "network name"),
+        ),
+        (
+            "network name unicode",
+            json!({"name": "n\u{e9}t"}),
+            json!({}),
+            json!({}),
+            "",
+            Expect::Refused(7, "network name"),
+        ),
+        (
+            "CNI_ARGS without =",
+            json!({}),
+            json!({}),
+            json!({}),
+            "IgnoreUnknown=1;garbage",
+            Expect::Refused(4, "CNI_ARGS"),
+        ),
+        (
+            "CNI_ARGS unknown key",
+            json!({}),
+            json!({}),
+            json!({}),
+            "FOO=bar",
+            Expect::Refused(4, "FOO"),
+        ),
+        (
+            "CNI_ARGS IP not an address",
+            json!({}),
+            json!({}),
+            json!({}),
+            "IgnoreUnknown=1;IP=10.213.0.999",
+            Expect::Refused(7, "IP"),
+        ),
+        (
+            "CNI_ARGS MAC not a MAC",
+            json!({}),
+            json!({}),
+            json!({}),
+            "IgnoreUnknown=1;MAC=12345",
+            Expect::Refused(7, "MAC"),
+        ),
+        (
+            "identity ../../../etc/passwd",
+            json!({}),
+            json!({}),
+            json!({"identity": "../../../etc/passwd"}),
+            "",
+            Expect::Contained,
+        ),
+        (
+            "identity with / and ..",
+            json!({}),
+            json!({}),
+            json!({"identity": "ns/../../sts-0"}),
+            "",
+            Expect::Contained,
+        ),
+        (
+            "identity in unicode",
+            json!({}),
+            json!({}),
+            json!({"identity": "\u{540d}\u{524d}/\u{fc}n\u{ef}-0"}),
+            "",
+            Expect::Contained,
+        ),
+        (
+            "identity of 320 bytes",
+            json!({}),
+            json!({}),
+            json!({"identity": "y".repeat(320)}),
+            "",
+            Expect::Contained,
+        ),
+    ];
+    assert!(
+        cases.len() >= 30,
+        "with bad_input_table's cases, at least 60"
+    );
+    for (i, (label, plugin, ipam, args_cni, cni_args, expect)) in cases.into_iter().enumerate() {
+        let pod = topo.add_pod(&format!("sti{i}"));
+        let dir = topo.file(&format!("sti{i}"));
+        let mut conf = configs::sticky("uplink0", &dir, ipam);
+        if let (Some(c), Some(e)) = (conf.as_object_mut(), plugin.as_object()) {
+            c.extend(e.clone());
+        }
+        if args_cni.as_object().is_some_and(|o| !o.is_empty()) {
+            conf["args"] = json!({"cni": args_cni});
+        }
+        let call = CniCall::new(&our_plugin(), &topo.node(0).netns, "ADD", conf)
+            .netns(&pod.path)
+            .args(if cni_args.is_empty() {
+                "IgnoreUnknown=1"
+            } else {
+                cni_args
+            });
+        let reply = call.run();
+        match expect {
+            Expect::Refused(code, needle) => {
+                assert!(!reply.success, "{label}: accepted: {}", reply.stdout);
+                assert!(
+                    !reply.stderr.contains("panicked"),
+                    "{label}: panic: {}",
+                    reply.stderr
+                );
+                assert!(
+                    reply
+                        .json
+                        .as_ref()
+                        .is_some_and(|j| j.get("cniVersion").is_some()),
+                    "{label}: not a CNI error: {:?}",
+                    reply.stdout
+                );
+                assert_eq!(reply.code(), Some(code), "{label}: {}", reply.stdout);
+                assert!(
+                    reply.msg().contains(needle),
+                    "{label}: message {:?} does not name {needle:?}",
+                    reply.msg()
+                );
+                let records: Vec<String> = files_under(&dir)
+                    .into_iter()
+                    .filter(|f| {
+                        f.contains("/claims/")
+                            || f.contains("/identities/")
+                            || f.contains("/holders/")
+                    })
+                    .collect();
+                assert!(records.is_empty(), "{label}: records written: {records:?}");
+                assert!(
+                    link_names(&pod.netns).is_empty(),
+                    "{label}: links left: {:?}",
+                    link_names(&pod.netns)
+                );
+            }
+            Expect::Contained => {
+                assert!(reply.success, "{label}: refused: {}", reply.stdout);
+                for f in files_under(&dir) {
+                    assert!(
+                        f.starts_with("macnet/"),
+                        "{label}: {f} is outside the network's directory"
+                    );
+                    let name = f.rsplit('/').next().unwrap_or("");
+                    assert!(
+                        name.is_ascii() && !name.contains(".."),
+                        "{label}: unhashed name {f}"
+                    );
+                }
+                let del = call.clone().command("DEL").run();
+                assert!(del.success, "{label}: DEL: {}", del.stdout);
+            }
+        }
+    }
+}

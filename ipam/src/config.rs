@@ -488,8 +488,8 @@ impl IpamConfig {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STORE_DIR));
         if !store_dir.is_absolute() {
             return Err(bad(format!(
-                "ipam store directory {} must be an absolute path",
-                store_dir.display()
+                "ipam.dataDir (or ipam.store.dir) {:?} must be an absolute path",
+                store_dir.display().to_string()
             )));
         }
 

@@ -127,7 +127,7 @@ impl NetConf {
             m if (0..=i64::from(u32::MAX)).contains(&m) => m as u32,
             m => {
                 return Err(CniError::invalid_config(format!(
-                "invalid MTU {m}: it must be between 0 (inherit the master's) and the master's MTU"
+                "mtu {m} is invalid: it must be between 0 (inherit the master's) and the master's MTU"
             )))
             }
         };
@@ -235,7 +235,7 @@ mod tests {
                 "source",
             ),
             (with("mode", json!("nope")), code::INVALID_CONFIG, "nope"),
-            (with("mtu", json!(-1)), code::INVALID_CONFIG, "MTU -1"),
+            (with("mtu", json!(-1)), code::INVALID_CONFIG, "mtu -1"),
             (with("mtu", json!("big")), code::INVALID_CONFIG, "mtu"),
             (
                 with("linkInContainer", json!("yes")),

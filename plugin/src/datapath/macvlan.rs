@@ -82,7 +82,7 @@ pub fn resolve_master(
     })?;
     if mtu > link.mtu {
         return Err(CniError::invalid_config(format!(
-            "invalid MTU {mtu}: it must be between 0 and the MTU of master {name:?} ({})",
+            "mtu {mtu} is invalid: it must be between 0 and the MTU of master {name:?} ({})",
             link.mtu
         )));
     }
