@@ -92,7 +92,19 @@ fn rbac_is_least_privilege() {
         out
     };
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-    // What KubeClient calls on the ADD/DEL/CHECK/STATUS/GC paths.
+    // The node's role grants exactly what the client code calls: read off
+    // `impl KubeApi for KubeClient`, so a new call without its grant, or a
+    // grant nothing uses, fails here.
+    let mut granted: Vec<(String, String)> = rules("sticky-macvlan")
+        .into_iter()
+        .flat_map(|(_, res, verbs)| verbs.into_iter().map(move |v| (res.clone(), v)))
+        .collect();
+    granted.sort();
+    assert_eq!(
+        kube_calls_in_the_client(),
+        granted,
+        "examples/rbac.yaml and ipam/src/kube/client.rs disagree"
+    );
     assert_eq!(
         rules("sticky-macvlan"),
         vec![
@@ -114,4 +126,49 @@ fn rbac_is_least_privilege() {
     assert!(docs
         .iter()
         .all(|d| d["kind"] != "Role" || d["rules"].is_null()));
+}
+
+/// (resource, verb) of every request `KubeClient` can make, from its source:
+/// each method of `impl KubeApi for KubeClient`, the kind its `Api` is for
+/// and the kube-rs calls on it.
+fn kube_calls_in_the_client() -> Vec<(String, String)> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ipam/src/kube/client.rs");
+    let src = std::fs::read_to_string(&path).expect("read client.rs");
+    let start = src
+        .find("impl KubeApi for KubeClient")
+        .expect("impl KubeApi for KubeClient");
+    let body = &src[start..];
+    let end = body.find("\n}\n").unwrap_or(body.len());
+    let mut calls = std::collections::BTreeSet::new();
+    for method in body[..end].split("\n    fn ").skip(1) {
+        let resource = if method.contains("Api<Pod>") {
+            "pods"
+        } else if method.contains("Api<Node>") {
+            "nodes"
+        } else if method.contains("Api<StatefulSet>") {
+            "statefulsets"
+        } else if method.contains("self.claims()") {
+            "ipclaims"
+        } else {
+            panic!(
+                "a KubeApi method whose resource this test cannot tell: {}",
+                &method[..method.len().min(80)]
+            );
+        };
+        for (call, verb) in [
+            ("api.get(", "get"),
+            ("api.list(", "list"),
+            ("api.create(", "create"),
+            ("api.replace(", "update"),
+            ("api.delete(", "delete"),
+            ("api.patch(", "patch"),
+            ("api.watch(", "watch"),
+            ("api.replace_status(", "update"),
+        ] {
+            if method.contains(call) {
+                calls.insert((resource.to_string(), verb.to_string()));
+            }
+        }
+    }
+    calls.into_iter().collect()
 }

@@ -1089,3 +1089,80 @@ fn sticky_mac_survives_a_reschedule_and_split_brain_is_still_caught() {
     assert_eq!(neighbour_mac(&router, &x).as_deref(), Some(mac.as_str()));
     assert!(topo.ping_eventually(&router, &x, 3));
 }
+
+/// No request credential reaches a log: the token in the kubeconfig (or
+/// its tokenFile) is absent from the log file and from stderr, through
+/// successes, injected conflicts and an unreachable API, at debug level.
+#[test]
+fn secrets_never_reach_the_logs() {
+    let (mut topo, mut api) = cluster(1);
+    let kubeconfig = std::fs::read_to_string(&api.kubeconfig).expect("kubeconfig");
+    let mut secrets: Vec<String> = Vec::new();
+    for line in kubeconfig.lines().map(str::trim) {
+        if let Some(t) = line.strip_prefix("token:") {
+            secrets.push(t.trim().to_string());
+        }
+        if let Some(f) = line.strip_prefix("tokenFile:") {
+            secrets.push(
+                std::fs::read_to_string(f.trim())
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string(),
+            );
+        }
+    }
+    secrets.retain(|s| s.len() >= 8);
+    assert!(
+        !secrets.is_empty(),
+        "the kubeconfig carries no token to look for"
+    );
+    let log = topo.file("secrets.log");
+    let p1 = topo.add_pod("sec-a");
+    let p2 = topo.add_pod("sec-c");
+    let mut logged = conf(&topo, &api, 0, json!({}));
+    logged["logFile"] = json!(log);
+    logged["logLevel"] = json!("debug");
+    let uid = api.add_pod(NS, "web-0", &api.node(1), None, None);
+    let mut stderr = String::new();
+    let run = |cmd: &str, pod: &Pod, cid: &str, conf: &Value| {
+        CniCall::new(&our_plugin(), &topo.node(0).netns, cmd, conf.clone())
+            .container(cid)
+            .netns(&pod.path)
+            .args(&k8s("web-0", &uid))
+            .run()
+    };
+    let ok = run("ADD", &p1, "sec-a", &logged);
+    assert!(ok.success, "{}", ok.stdout);
+    stderr += &ok.stderr;
+    stderr += &run("DEL", &p1, "sec-a", &logged).stderr;
+    api.faults(3, 0);
+    let stormy = run("ADD", &p1, "sec-b", &logged);
+    stderr += &stormy.stderr;
+    stderr += &run("DEL", &p1, "sec-b", &logged).stderr;
+    api.faults(0, 0);
+    let mut down_conf = logged.clone();
+    down_conf["ipam"]["store"]["timeoutMs"] = json!(800);
+    api.stop();
+    let down = run("ADD", &p2, "sec-c", &down_conf);
+    assert!(!down.success, "an ADD with the API down: {}", down.stdout);
+    stderr += &down.stderr;
+    stderr += &down.stdout;
+    let written = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        written.lines().count() >= 5,
+        "the log file has too little to judge: {written}"
+    );
+    for secret in &secrets {
+        assert!(
+            !written.contains(secret.as_str()),
+            "the token is in the log file"
+        );
+        assert!(!stderr.contains(secret.as_str()), "the token is on stderr");
+    }
+    for marker in ["Authorization", "Bearer "] {
+        assert!(
+            !written.contains(marker) && !stderr.contains(marker),
+            "{marker} was logged"
+        );
+    }
+}
