@@ -1166,3 +1166,86 @@ fn secrets_never_reach_the_logs() {
         );
     }
 }
+
+/// An IPClaim with a bad spec (written past the schema, e.g. by hand):
+/// its identity is refused with the object named, other identities are
+/// served, and the CLI names it too; deleting it (kubectl) repairs.
+#[test]
+fn a_claim_object_with_a_bad_spec_is_named_not_guessed() {
+    let (mut topo, api) = cluster(1);
+    let identity = "broken-peer";
+    let mut labels = serde_json::Map::new();
+    let selector = sticky_ipam::kube::identity_selector(&api.network, identity);
+    for (k, v) in selector.split(',').filter_map(|t| t.split_once('=')) {
+        labels.insert(k.to_string(), json!(v));
+    }
+    let name = format!("{}.broken", api.network);
+    api.create(
+        "/apis/sticky-macvlan.io/v1alpha1/ipclaims",
+        json!({
+            "apiVersion": "sticky-macvlan.io/v1alpha1", "kind": "IPClaim",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"network": api.network, "ip": "not-an-ip", "identity": identity, "sticky": true, "created": 1},
+        }),
+    );
+    let base = conf(&topo, &api, 0, json!({}));
+    let with_identity = |id: &str| {
+        let mut c = base.clone();
+        c["args"] = json!({"cni": {"identity": id}});
+        c
+    };
+    let pod = topo.add_pod("bad-spec");
+    let refused = CniCall::new(
+        &our_plugin(),
+        &topo.node(0).netns,
+        "ADD",
+        with_identity(identity),
+    )
+    .container("bad-spec")
+    .netns(&pod.path)
+    .run();
+    assert!(!refused.success, "{}", refused.stdout);
+    assert!(
+        refused.msg().contains(&name) && refused.msg().contains("spec.ip"),
+        "{}",
+        refused.msg()
+    );
+    assert!(
+        !sticky_e2e::ip_ok(&["-n", &pod.netns, "link", "show", "net1"]),
+        "a link was left"
+    );
+    let other = topo.add_pod("good-spec");
+    let served = CniCall::new(
+        &our_plugin(),
+        &topo.node(0).netns,
+        "ADD",
+        with_identity("fine-peer"),
+    )
+    .container("good-spec")
+    .netns(&other.path)
+    .run();
+    assert!(served.success, "{}", served.stdout);
+    let (_, out) = cli(&topo, &api, &["claims"]);
+    assert!(
+        out.contains(&name),
+        "the CLI does not name the damaged object: {out}"
+    );
+    // kubectl delete ipclaim <name> repairs it.
+    let (code, _) = api.request(
+        "DELETE",
+        &format!("/apis/sticky-macvlan.io/v1alpha1/ipclaims/{name}"),
+        None,
+    );
+    assert_eq!(code, 200);
+    let again = CniCall::new(
+        &our_plugin(),
+        &topo.node(0).netns,
+        "ADD",
+        with_identity(identity),
+    )
+    .container("bad-spec")
+    .netns(&pod.path)
+    .run();
+    assert!(again.success, "{}", again.stdout);
+    assert_claim_invariants(&api.claims());
+}

@@ -911,3 +911,140 @@ fn dual_stack_identity_keeps_both_addresses() {
     assert_eq!(held.len(), 2);
     assert!(held.iter().all(|c| c.identity == "default/ds-0"));
 }
+
+/// Damaged file store: a truncated, an empty and a corrupt claim and a
+/// foreign file. The plugin refuses to guess (the damaged identity gets
+/// code 110 naming its record, and damaged addresses are never handed
+/// out), everything else works and nothing else is lost; the CLI shows
+/// each damaged record by name and removes it, after which the identity
+/// is served again.
+#[test]
+fn damaged_store_records_are_named_refused_and_repairable() {
+    let mut topo = Topology::new(1);
+    let store = topo.file("damaged");
+    let dir = store.to_string_lossy().to_string();
+    let conf = |id: &str| {
+        let mut c = configs::sticky("uplink0", &store, json!({}));
+        c["args"] = json!({"cni": {"identity": id}});
+        c
+    };
+    let mut ips = BTreeMap::new();
+    for id in ["truncated", "empty", "corrupt", "intact"] {
+        let pod = topo.add_pod(&format!("dmg-{id}"));
+        let ip = address(&call(
+            &topo,
+            0,
+            "ADD",
+            &conf(id),
+            id,
+            &pod,
+            "IgnoreUnknown=1",
+        ));
+        assert!(call(&topo, 0, "DEL", &conf(id), id, &pod, "IgnoreUnknown=1").success);
+        topo.delete_netns(&pod.netns);
+        ips.insert(id, ip);
+    }
+    let claims_dir = store.join(NET).join("claims");
+    let path = |id: &str| claims_dir.join(&ips[id]);
+    let whole = std::fs::read(path("truncated")).expect("claim");
+    std::fs::write(path("truncated"), &whole[..whole.len() / 2]).expect("truncate");
+    std::fs::write(path("empty"), b"").expect("empty");
+    std::fs::write(path("corrupt"), [0xff, 0xfe, 0x00, 0x7b, 0x22]).expect("corrupt");
+    std::fs::write(claims_dir.join("README.txt"), "left by someone\n").expect("foreign");
+
+    // The damaged identities are refused, naming the record; no link left.
+    for id in ["truncated", "empty", "corrupt"] {
+        let pod = topo.add_pod(&format!("dmg2-{id}"));
+        let r = call(
+            &topo,
+            0,
+            "ADD",
+            &conf(id),
+            &format!("{id}-2"),
+            &pod,
+            "IgnoreUnknown=1",
+        );
+        assert_eq!(r.code(), Some(110), "{id}: {}", r.stdout);
+        assert!(
+            r.msg().contains(&ips[id]),
+            "{id}: {:?} does not name the record",
+            r.msg()
+        );
+        assert!(
+            sticky_e2e::links_in(&pod.netns) == ["lo"],
+            "{id}: a link was left"
+        );
+    }
+    // Nothing else is lost: the intact identity keeps its address, and a
+    // new one gets an address none of the damaged records names.
+    let pod = topo.add_pod("dmg-intact-2");
+    let r = call(
+        &topo,
+        0,
+        "ADD",
+        &conf("intact"),
+        "intact-2",
+        &pod,
+        "IgnoreUnknown=1",
+    );
+    assert_eq!(address(&r), ips["intact"]);
+    let pod = topo.add_pod("dmg-new");
+    let fresh = address(&call(
+        &topo,
+        0,
+        "ADD",
+        &conf("new"),
+        "new",
+        &pod,
+        "IgnoreUnknown=1",
+    ));
+    assert!(
+        !["truncated", "empty", "corrupt"]
+            .iter()
+            .any(|id| ips[id] == fresh),
+        "{fresh} was damaged"
+    );
+
+    // The CLI shows every damaged record by name...
+    let (ok, out, err) = cli(&["claims", "--dir", &dir]);
+    assert!(ok, "{out}{err}");
+    for name in [
+        ips["truncated"].as_str(),
+        ips["empty"].as_str(),
+        ips["corrupt"].as_str(),
+        "README.txt",
+    ] {
+        assert!(
+            out.contains(name) && out.contains("damaged"),
+            "claims does not show {name}: {out}"
+        );
+    }
+    // ...and removes each; the identity is then served again.
+    for name in [
+        ips["truncated"].as_str(),
+        ips["empty"].as_str(),
+        ips["corrupt"].as_str(),
+        "README.txt",
+    ] {
+        let (ok, out, err) = cli(&["release", "--dir", &dir, "--network", NET, "--file", name]);
+        assert!(ok, "release --file {name}: {out}{err}");
+    }
+    let pod = topo.add_pod("dmg-truncated-3");
+    assert!(
+        call(
+            &topo,
+            0,
+            "ADD",
+            &conf("truncated"),
+            "truncated-3",
+            &pod,
+            "IgnoreUnknown=1"
+        )
+        .success
+    );
+    let by_identity = assert_invariants(&store, NET);
+    assert_eq!(
+        by_identity.get("intact").map(|ip| ip.to_string()),
+        Some(ips["intact"].clone())
+    );
+}
