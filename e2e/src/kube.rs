@@ -395,6 +395,15 @@ impl StandIn {
         );
     }
 
+    /// A server or transport fault (stand-in only): `{"fault": "error500" |
+    /// "slow" | "drop", "verbs": [...], "every": N, "after": bool,
+    /// "delayMs": MS}`; `{}` clears it (and the injected 409s).
+    pub fn fault_plan(&self, plan: Value) {
+        if !self.is_real() {
+            self.request("POST", "/standin/faults", Some(&plan));
+        }
+    }
+
     /// Stops the API server (the API becomes unreachable).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -393,3 +393,368 @@ fn kill_at_every_step_then_kubelet_next_step_keeps_the_invariants() {
     assert_eq!(recovered, injected, "some trials did not recover");
     assert_eq!(violations, 0, "invariant violations (see the table)");
 }
+
+/// API faults for the kubernetes store: 409 storms, 500s, answers past the
+/// deadline and connections dropped mid-answer, each before the server
+/// acts on the request or after (the write done, the client not told: a
+/// claim created or a holder recorded without the plugin knowing). Pods
+/// are attached the way kubelet does it (a failed ADD is followed by DEL
+/// and a new sandbox, up to 8 tries); then the faults stop, everything is
+/// deleted, and section 3's invariants are checked on the stored objects.
+#[test]
+fn api_faults_keep_the_invariants() {
+    let mut topo = Topology::new(1);
+    let api = topo.start_api();
+    api.add_node(&api.node(1));
+    let plans: Vec<(&str, Value)> = vec![
+        ("409 storm on writes", json!({"conflicts": 6})),
+        (
+            "500 before create",
+            json!({"fault": "error500", "verbs": ["create"], "chance": 0.4}),
+        ),
+        (
+            "500 after create",
+            json!({"fault": "error500", "verbs": ["create"], "chance": 0.4, "after": true}),
+        ),
+        (
+            "500 after update",
+            json!({"fault": "error500", "verbs": ["update"], "chance": 0.4, "after": true}),
+        ),
+        (
+            "500 before list",
+            json!({"fault": "error500", "verbs": ["list"], "chance": 0.4}),
+        ),
+        (
+            "slow create, past the deadline, after",
+            json!({"fault": "slow", "verbs": ["create"], "chance": 0.4, "after": true, "delayMs": 1500}),
+        ),
+        (
+            "slow update, past the deadline, after",
+            json!({"fault": "slow", "verbs": ["update"], "chance": 0.4, "after": true, "delayMs": 1500}),
+        ),
+        (
+            "slow answers within the deadline",
+            json!({"fault": "slow", "chance": 1.0, "delayMs": 150}),
+        ),
+        (
+            "dropped connection after create",
+            json!({"fault": "drop", "verbs": ["create"], "chance": 0.4, "after": true}),
+        ),
+        (
+            "dropped connection before delete",
+            json!({"fault": "drop", "verbs": ["delete"], "chance": 0.4}),
+        ),
+        (
+            "dropped connection after delete",
+            json!({"fault": "drop", "verbs": ["delete"], "chance": 0.4, "after": true}),
+        ),
+    ];
+    let dir = topo.file("api-faults");
+    let mut rows = Vec::new();
+    let mut kept: BTreeMap<String, String> = BTreeMap::new();
+    let mut seq = 0;
+    for (label, plan) in &plans {
+        api.fault_plan(plan.clone());
+        api.reset_stats();
+        let (mut attached, mut retries, mut failures) = (0, 0, Vec::new());
+        for k in 0..4 {
+            // Half sticky identities (kept across sandboxes), half dynamic.
+            let identity = (k % 2 == 0).then(|| format!("apif-{seq}-{k}"));
+            let mut conf = json!({});
+            let mut done = false;
+            for _attempt in 0..8 {
+                seq += 1;
+                let pod = topo.add_pod(&format!("af{seq}"));
+                let cid = format!("af{seq}");
+                conf = {
+                    let mut c = configs::sticky(
+                        &topo.node(0).uplink,
+                        &dir,
+                        json!({
+                            "store": {"type": "kubernetes", "kubeconfig": api.kubeconfig, "timeoutMs": 1000, "dir": topo.file("api-faults-local")},
+                            "nodeName": api.node(1),
+                        }),
+                    );
+                    c["name"] = json!(api.network);
+                    if let Some(id) = &identity {
+                        c["args"] = json!({"cni": {"identity": id}});
+                    }
+                    c
+                };
+                let run = |cmd: &str| {
+                    CniCall::new(&our_plugin(), &topo.node(0).netns, cmd, conf.clone())
+                        .container(&cid)
+                        .netns(&pod.path)
+                        .args("IgnoreUnknown=1")
+                        .run()
+                };
+                let add = run("ADD");
+                if add.success {
+                    attached += 1;
+                    if let Some(id) = &identity {
+                        let ip = add.first_address();
+                        if let Some(was) = kept.insert(id.clone(), ip.clone()) {
+                            if was != ip {
+                                failures.push(format!("identity {id} moved from {was} to {ip}"));
+                            }
+                        }
+                    }
+                    // The pod goes away: DEL until it succeeds, as kubelet.
+                    let mut deleted = false;
+                    for _ in 0..8 {
+                        if run("DEL").success {
+                            deleted = true;
+                            break;
+                        }
+                        retries += 1;
+                    }
+                    if !deleted {
+                        failures.push(format!("DEL of {cid} never succeeded"));
+                    }
+                    topo.delete_netns(&pod.netns);
+                    done = true;
+                    break;
+                }
+                // A failed ADD: kubelet tears the sandbox down and tries anew.
+                retries += 1;
+                if std::env::var("FAULTS_DEBUG").is_ok() {
+                    eprintln!("ADD {cid} failed: {}", add.stdout);
+                }
+                for _ in 0..8 {
+                    let d = run("DEL");
+                    if std::env::var("FAULTS_DEBUG").is_ok() {
+                        eprintln!("DEL {cid}: {} {}", d.stdout, d.stderr);
+                        for c in api.claims() {
+                            eprintln!(
+                                "   claim {} id {} sticky {} holder {}",
+                                c["spec"]["ip"],
+                                c["spec"]["identity"],
+                                c["spec"]["sticky"],
+                                c["status"]["holder"]["containerID"]
+                            );
+                        }
+                    }
+                    if d.success {
+                        break;
+                    }
+                }
+                topo.delete_netns(&pod.netns);
+            }
+            if !done {
+                failures.push(format!("pod {k} was never attached"));
+            }
+        }
+        let stats = api.stats();
+        let injected: u64 = stats
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter(|(k, _)| k.starts_with("injected"))
+                    .filter_map(|(_, v)| v.as_u64())
+                    .sum()
+            })
+            .unwrap_or(0);
+        api.fault_plan(json!({}));
+        rows.push((label.to_string(), injected, attached, retries, failures));
+    }
+    // Everything is deleted. A DEL that met an unanswering API left its
+    // claim for liveness (kubelet must not loop on DEL): one reconcile
+    // sweep must explain every such claim, and then the stored objects
+    // must obey section 3.
+    let sweep = std::process::Command::new("ip")
+        .args(["netns", "exec", &topo.node(0).netns])
+        .arg(our_plugin())
+        .args(["reconcile", "--kubeconfig"])
+        .arg(&api.kubeconfig)
+        .args(["--node", &api.node(1)])
+        .env_remove("CNI_COMMAND")
+        .output()
+        .expect("run reconcile");
+    let swept = String::from_utf8_lossy(&sweep.stdout).to_string();
+    assert!(
+        sweep.status.success(),
+        "reconcile: {swept}{}",
+        String::from_utf8_lossy(&sweep.stderr)
+    );
+    let claims: Vec<Seen> = api
+        .claims()
+        .iter()
+        .map(|c| Seen {
+            ip: c["spec"]["ip"].as_str().unwrap_or_default().into(),
+            identity: c["spec"]["identity"].as_str().unwrap_or_default().into(),
+            sticky: c["spec"]["sticky"].as_bool().unwrap_or(false),
+            holder: c["status"]["holder"]["containerID"]
+                .as_str()
+                .map(String::from),
+        })
+        .collect();
+    let after = violations(&claims, &kept);
+    println!(
+        "\n{:<40} {:>8} {:>9} {:>8} {:>10}",
+        "API fault", "injected", "attached", "retries", "violations"
+    );
+    for (label, injected, attached, retries, failures) in &rows {
+        println!(
+            "{label:<40} {injected:>8} {attached:>6}/4 {retries:>8} {:>10}",
+            failures.len()
+        );
+        for f in failures {
+            println!("    {f}");
+        }
+    }
+    println!("reconcile: {}", swept.trim());
+    println!(
+        "the stored objects afterwards: {} claims, violations: {}",
+        claims.len(),
+        after.len()
+    );
+    for v in &after {
+        println!("    {v}");
+    }
+    if std::env::var("FAULTS_DEBUG").is_ok() {
+        let _ = std::fs::copy(topo.state_dir.join("standin.log"), "/tmp/standin-trace.log");
+    }
+    assert!(
+        rows.iter().all(|r| r.1 > 0),
+        "a fault plan injected nothing"
+    );
+    assert!(
+        rows.iter().all(|r| r.4.is_empty()),
+        "failures under API faults (see the table)"
+    );
+    assert!(
+        after.is_empty(),
+        "invariant violations in the stored objects"
+    );
+}
+
+/// Load: 1,000 ADD/DEL cycles across three node netns sharing the stand-in,
+/// two workers per node, half the pods StatefulSet pods (sticky), every
+/// 10th write answered 409; bounded at 1,000 cycles and 240 s. A failed
+/// call is retried as kubelet would (DEL, then a new ADD). Reports errors,
+/// retries and violations; the target is 0 violations and no pod left
+/// unattached.
+#[test]
+fn load_a_thousand_cycles_across_three_nodes() {
+    const CYCLES: usize = 1000;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+    let mut topo = Topology::new(3);
+    let api = topo.start_api();
+    for n in 1..=3 {
+        api.add_node(&api.node(n));
+    }
+    let set_uid = api.add_stateful_set("default", "load");
+    // Per node, its pods in order: StatefulSet pods recur (the same pod
+    // restarting, its identity sticky), Deployment pods are new each time.
+    let mut sts_uids: BTreeMap<String, String> = BTreeMap::new();
+    let mut per_node: Vec<Vec<(String, String)>> = vec![Vec::new(); 3];
+    for i in 0..CYCLES {
+        let node = i % 3;
+        let (name, uid) = if i % 2 == 0 {
+            let name = format!("load-sts-{}", i % 48);
+            let uid = sts_uids
+                .entry(name.clone())
+                .or_insert_with(|| {
+                    api.add_pod(
+                        "default",
+                        &name,
+                        &api.node(node + 1),
+                        Some(("load", &set_uid)),
+                        None,
+                    )
+                })
+                .clone();
+            (name, uid)
+        } else {
+            let name = format!("load-dep-{i}");
+            let uid = api.add_pod("default", &name, &api.node(node + 1), None, None);
+            (name, uid)
+        };
+        per_node[node].push((name, uid));
+    }
+    let workers: Vec<(usize, Pod)> = (0..6)
+        .map(|w| (w % 3, topo.add_pod(&format!("load-w{w}"))))
+        .collect();
+    api.faults(0, 10);
+    let next: Vec<std::sync::Mutex<usize>> = (0..3).map(|_| std::sync::Mutex::new(0)).collect();
+    let tally = std::sync::Mutex::new((0usize, 0usize, 0usize, Vec::<String>::new()));
+    let started = std::time::Instant::now();
+    let (kubeconfig, network) = (api.kubeconfig.clone(), api.network.clone());
+    let node_names: Vec<String> = (1..=3).map(|n| api.node(n)).collect();
+    std::thread::scope(|s| {
+        for (node, pod) in &workers {
+            let (topo, pods, next, tally) = (&topo, &per_node[*node], &next[*node], &tally);
+            let (kubeconfig, network, node_names) = (&kubeconfig, &network, &node_names);
+            s.spawn(move || loop {
+                let i = {
+                    let mut n = next.lock().unwrap_or_else(|p| p.into_inner());
+                    *n += 1;
+                    *n - 1
+                };
+                if i >= pods.len() || std::time::Instant::now() > deadline {
+                    return;
+                }
+                let (name, uid) = &pods[i];
+                let mut conf = configs::sticky(
+                    &topo.node(*node).uplink,
+                    &topo.file("unused"),
+                    json!({
+                        "subnet": "10.232.0.0/22", "rangeStart": "10.232.0.10", "rangeEnd": "10.232.3.250", "gateway": "10.232.0.1",
+                        "store": {"type": "kubernetes", "kubeconfig": kubeconfig, "dir": topo.file(&format!("load-local{node}"))},
+                        "nodeName": node_names[*node],
+                    }),
+                );
+                conf["name"] = json!(network);
+                let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name};K8S_POD_UID={uid}");
+                let run = |cmd: &str, cid: &str| {
+                    CniCall::new(&our_plugin(), &topo.node(*node).netns, cmd, conf.clone())
+                        .container(cid)
+                        .netns(&pod.path)
+                        .args(&args)
+                        .run()
+                };
+                let (mut errors, mut retries, mut ok) = (0, 0, false);
+                for attempt in 0..4 {
+                    let cid = format!("load{node}-{i}-{attempt}");
+                    if run("ADD", &cid).success {
+                        ok = run("DEL", &cid).success || run("DEL", &cid).success;
+                        break;
+                    }
+                    errors += 1;
+                    retries += 1;
+                    let _ = run("DEL", &cid);
+                }
+                let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
+                t.0 += usize::from(ok);
+                t.1 += errors;
+                t.2 += retries;
+                if !ok {
+                    t.3.push(format!("pod {i} ({name}) was not attached and detached"));
+                }
+            });
+        }
+    });
+    let elapsed = started.elapsed();
+    api.faults(0, 0);
+    let (done, errors, retries, failures) = tally.into_inner().unwrap_or_else(|p| p.into_inner());
+    let claims = api.claims();
+    let held = claims
+        .iter()
+        .filter(|c| !c["status"]["holder"].is_null())
+        .count();
+    let stats = api.stats();
+    println!(
+        "\nload: {done}/{CYCLES} cycles in {:.1} s ({:.0} cycles/s), {errors} errors, {retries} retries, {} injected 409s, {} claims left ({held} held)",
+        elapsed.as_secs_f64(),
+        done as f64 / elapsed.as_secs_f64(),
+        stats["injected 409"],
+        claims.len()
+    );
+    for f in &failures {
+        println!("    {f}");
+    }
+    sticky_e2e::kube::assert_claim_invariants(&claims);
+    assert_eq!(held, 0, "claims still held after every DEL");
+    assert_eq!(done, CYCLES, "not every cycle completed within the bound");
+    assert!(failures.is_empty());
+}

@@ -37,6 +37,50 @@ struct State {
     /// Every Nth write to custom resources answers 409 Conflict (0: never).
     conflict_every: u64,
     writes: u64,
+    /// Transport and server faults on chosen verbs.
+    fault: Option<FaultPlan>,
+    fault_matches: u64,
+    /// xorshift state for `FaultPlan::chance`.
+    fault_rng: u64,
+}
+
+/// A fault the stand-in injects on every `every`th request whose verb is
+/// in `verbs`: `before` handling it (the request has no effect) or
+/// `after` (its effect is applied and only the answer goes wrong, as
+/// when a connection drops between "claim created" and the client
+/// hearing so).
+#[derive(Clone)]
+struct FaultPlan {
+    kind: FaultKind,
+    verbs: Vec<String>,
+    every: u64,
+    /// Instead of every Nth: each matching request with this chance, from
+    /// a fixed-seed generator (repeatable, but not in step with the
+    /// client's own request pattern, as a period would be).
+    chance: Option<f64>,
+    after: bool,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum FaultKind {
+    /// 500 InternalError.
+    ServerError,
+    /// The answer is held back this long (past the client's deadline, a
+    /// timeout).
+    Slow(u64),
+    /// The connection ends mid-answer.
+    Drop,
+}
+
+fn verb_of(method: &Method, t: &Target) -> Option<&'static str> {
+    Some(match (method, &t.name) {
+        (Method::Get, None) => "list",
+        (Method::Get, Some(_)) => "get",
+        (Method::Post, None) => "create",
+        (Method::Put, Some(_)) => "update",
+        (Method::Delete, Some(_)) => "delete",
+        _ => return None,
+    })
 }
 
 struct Reply {
@@ -243,6 +287,38 @@ impl State {
         self.revision.to_string()
     }
 
+    /// The fault for this request, if the plan picks it.
+    fn next_fault(&mut self, method: &Method, url: &str) -> Option<FaultPlan> {
+        let plan = self.fault.clone()?;
+        let t = parse_target(url.split('?').next().unwrap_or(""))?;
+        let verb = verb_of(method, &t)?;
+        if !plan.verbs.is_empty() && !plan.verbs.iter().any(|v| v == verb) {
+            return None;
+        }
+        self.fault_matches += 1;
+        let hit = match plan.chance {
+            Some(p) => {
+                let mut x = self.fault_rng;
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                self.fault_rng = x;
+                ((x >> 11) as f64 / (1u64 << 53) as f64) < p
+            }
+            None => self.fault_matches.is_multiple_of(plan.every),
+        };
+        if !hit {
+            return None;
+        }
+        let key = match plan.kind {
+            FaultKind::ServerError => "injected 500",
+            FaultKind::Slow(_) => "injected slow answer",
+            FaultKind::Drop => "injected dropped connection",
+        };
+        *self.counts.entry(key.into()).or_default() += 1;
+        Some(plan)
+    }
+
     fn injected_conflict(&mut self, t: &Target) -> Option<Reply> {
         t.custom.as_ref()?;
         self.writes += 1;
@@ -320,19 +396,12 @@ impl State {
                 "the server could not find the requested resource".into(),
             );
         };
-        let verb = match (method, &t.name) {
-            (Method::Get, None) => "list",
-            (Method::Get, Some(_)) => "get",
-            (Method::Post, None) => "create",
-            (Method::Put, Some(_)) => "update",
-            (Method::Delete, Some(_)) => "delete",
-            _ => {
-                return status(
-                    405,
-                    "MethodNotAllowed",
-                    format!("{method} {path} is not supported"),
-                )
-            }
+        let Some(verb) = verb_of(method, &t) else {
+            return status(
+                405,
+                "MethodNotAllowed",
+                format!("{method} {path} is not supported"),
+            );
         };
         if counted {
             self.count(verb, &t.resource);
@@ -585,6 +654,31 @@ impl State {
                 self.conflicts = v.get("conflicts").and_then(Value::as_u64).unwrap_or(0);
                 self.conflict_every = v.get("conflictEvery").and_then(Value::as_u64).unwrap_or(0);
                 self.writes = 0;
+                let kind = match v.get("fault").and_then(Value::as_str) {
+                    Some("error500") => Some(FaultKind::ServerError),
+                    Some("slow") => Some(FaultKind::Slow(
+                        v.get("delayMs").and_then(Value::as_u64).unwrap_or(3000),
+                    )),
+                    Some("drop") => Some(FaultKind::Drop),
+                    _ => None,
+                };
+                self.fault = kind.map(|kind| FaultPlan {
+                    kind,
+                    verbs: v
+                        .get("verbs")
+                        .and_then(Value::as_array)
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|x| x.as_str().map(String::from))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    every: v.get("every").and_then(Value::as_u64).unwrap_or(1).max(1),
+                    chance: v.get("chance").and_then(Value::as_f64),
+                    after: v.get("after").and_then(Value::as_bool).unwrap_or(false),
+                });
+                self.fault_matches = 0;
+                self.fault_rng = 0x9e37_79b9_7f4a_7c15;
                 Reply { code: 200, body: v }
             }
             _ => return None,
@@ -601,11 +695,26 @@ fn serve(server: Arc<Server>, state: Arc<Mutex<State>>, control: bool) {
             continue;
         }
         let start = std::time::Instant::now();
+        let lock = || match state.lock() {
+            Ok(st) => st,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let fault = if control {
+            None
+        } else {
+            lock().next_fault(req.method(), req.url())
+        };
+        if let Some(plan) = fault.as_ref().filter(|p| !p.after) {
+            // Before handling: the request has no effect.
+            if let FaultKind::Slow(ms) = plan.kind {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+            } else {
+                misbehave(req, plan.kind);
+                continue;
+            }
+        }
         let reply = {
-            let mut st = match state.lock() {
-                Ok(st) => st,
-                Err(poisoned) => poisoned.into_inner(),
-            };
+            let mut st = lock();
             let path = req.url().split('?').next().unwrap_or("").to_string();
             let ctl = if control {
                 st.control(req.method(), &path, &body)
@@ -617,7 +726,30 @@ fn serve(server: Arc<Server>, state: Arc<Mutex<State>>, control: bool) {
                 None => st.handle(req.method(), req.url(), &body, !control),
             }
         };
-        respond(req, reply);
+        if std::env::var_os("STANDIN_TRACE").is_some() && !control {
+            eprintln!(
+                "{} {} -> {}{}",
+                req.method(),
+                req.url(),
+                reply.code,
+                if fault.is_some() { " (faulted)" } else { "" }
+            );
+        }
+        match fault.filter(|p| p.after) {
+            // After handling: the effect stands, the answer goes wrong.
+            Some(FaultPlan {
+                kind: FaultKind::Slow(ms),
+                ..
+            }) => {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                respond(req, reply);
+            }
+            Some(plan) => {
+                misbehave(req, plan.kind);
+                continue;
+            }
+            None => respond(req, reply),
+        }
         if !control {
             // The server's own share of a request's latency, so a benchmark
             // can tell the plugin's cost from this stand-in's.
@@ -633,6 +765,22 @@ fn serve(server: Arc<Server>, state: Arc<Mutex<State>>, control: bool) {
 
 /// The stats key carrying the time spent serving requests (not a count).
 const SERVER_MICROS: &str = "server busy us";
+
+/// A 500, or a connection that ends in the middle of the answer.
+fn misbehave(req: Request, kind: FaultKind) {
+    if kind == FaultKind::Drop {
+        let mut w = req.into_writer();
+        let _ = w.write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\nConnection: close\r\n\r\n{\"kind\":",
+        );
+        let _ = w.flush();
+        return;
+    }
+    respond(
+        req,
+        status(500, "InternalError", "injected by the stand-in".into()),
+    );
+}
 
 fn respond(req: Request, reply: Reply) {
     let body = serde_json::to_vec(&reply.body).unwrap_or_default();
