@@ -1048,3 +1048,60 @@ fn damaged_store_records_are_named_refused_and_repairable() {
         Some(ips["intact"].clone())
     );
 }
+
+/// State files through the real binary: every directory the plugin made
+/// is 0700 and every file 0600 (the kubernetes store's node-local record
+/// is written by the same code); a network directory that is a symlink (out
+/// of the state directory) is refused by name and nothing is written
+/// through it.
+#[test]
+fn state_is_private_and_symlinks_are_not_followed() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut topo = Topology::new(1);
+    let store = topo.file("private");
+    let conf = {
+        let mut c = configs::sticky("uplink0", &store, json!({}));
+        c["args"] = json!({"cni": {"identity": "private-peer"}});
+        c
+    };
+    let pod = topo.add_pod("private");
+    assert!(call(&topo, 0, "ADD", &conf, "private", &pod, "IgnoreUnknown=1").success);
+    let mut seen = 0;
+    let mut stack = vec![store.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read store").flatten() {
+            let meta = std::fs::symlink_metadata(e.path()).expect("stat");
+            let mode = meta.permissions().mode() & 0o777;
+            if meta.is_dir() {
+                assert_eq!(mode, 0o700, "{} is {mode:o}", e.path().display());
+                stack.push(e.path());
+            } else {
+                assert_eq!(mode, 0o600, "{} is {mode:o}", e.path().display());
+            }
+            seen += 1;
+        }
+    }
+    assert!(seen >= 6, "too little state to judge: {seen} entries");
+
+    // The network's directory replaced by a symlink to elsewhere.
+    let elsewhere = topo.file("elsewhere");
+    std::fs::create_dir_all(&elsewhere).expect("mkdir");
+    let linked = topo.file("linked");
+    std::fs::create_dir_all(&linked).expect("mkdir");
+    std::os::unix::fs::symlink(&elsewhere, linked.join(NET)).expect("symlink");
+    let mut conf2 = configs::sticky("uplink0", &linked, json!({}));
+    conf2["args"] = json!({"cni": {"identity": "linked-peer"}});
+    let pod2 = topo.add_pod("linked");
+    let r = call(&topo, 0, "ADD", &conf2, "linked", &pod2, "IgnoreUnknown=1");
+    assert!(!r.success, "{}", r.stdout);
+    assert!(r.msg().contains("symlink"), "{}", r.msg());
+    assert_eq!(
+        std::fs::read_dir(&elsewhere).expect("read").count(),
+        0,
+        "written through the symlink"
+    );
+    assert!(
+        sticky_e2e::links_in(&pod2.netns) == ["lo"],
+        "a link was left"
+    );
+}
