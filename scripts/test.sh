@@ -60,6 +60,17 @@ STICKY_E2E_KUBECONFIG="$KDIR/kubeconfig" cargo test -p sticky-e2e --test kube --
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 set -e
 stop_standin
+
+# The benchmark suite must keep working: a smoke run of it on the debug
+# build (its figures mean nothing here; scripts/bench.sh measures).
+echo "benchmark suite, smoke run: target/debug/bench --quick"
+if target/debug/bench --quick --out target/bench-smoke >target/bench-smoke.log 2>&1; then
+    echo "bench smoke: ok ($(grep -c '^target ' target/bench-smoke.log) targets reported)"
+else
+    tail -40 target/bench-smoke.log
+    echo "bench smoke: FAILED"
+    status=1
+fi
 # One closing line for the whole run (cargo prints one per test binary).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?/) p += $i; if ($(i+1) ~ /^failed;?/) f += $i } }
      END { printf "total: %d passed, %d failed\n", p, f }' "$LOG"
