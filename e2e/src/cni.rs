@@ -23,6 +23,8 @@ pub struct CniCall {
     pub unset: Vec<&'static str>,
     /// Run under GNU time, which writes the plugin's peak RSS here.
     pub rss_file: Option<PathBuf>,
+    /// A command the plugin runs under (a profiler, a tracer).
+    pub wrapper: Vec<String>,
     /// Further variables, e.g. `STICKY_FAULT` for a crash point.
     pub extra_env: Vec<(String, String)>,
 }
@@ -107,6 +109,7 @@ impl CniCall {
             config,
             unset: vec![],
             rss_file: None,
+            wrapper: vec![],
             extra_env: vec![],
         }
     }
@@ -119,6 +122,12 @@ impl CniCall {
     /// Runs the plugin under GNU time (`/usr/bin/time -f %M`), which forks
     /// it from its own small process: ru_maxrss taken straight from our
     /// fork would include this (much larger) process's pages.
+    /// Runs the plugin as the last argument of this command line.
+    pub fn wrapped(mut self, argv: &[&str]) -> Self {
+        self.wrapper = argv.iter().map(|a| a.to_string()).collect();
+        self
+    }
+
     pub fn measured(mut self, rss_file: &Path) -> Self {
         self.rss_file = Some(rss_file.to_path_buf());
         self
@@ -171,6 +180,7 @@ impl CniCall {
         if !self.node_netns.is_empty() {
             argv.extend(["ip", "netns", "exec", &self.node_netns].map(Into::into));
         }
+        argv.extend(self.wrapper.iter().map(Into::into));
         if let Some(file) = &self.rss_file {
             argv.extend(["/usr/bin/time", "-f", "%M", "-o"].map(Into::into));
             argv.push(file.into());

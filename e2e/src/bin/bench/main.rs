@@ -10,6 +10,9 @@
 //!    store (stand-in API server) and the reference with as many files.
 //! 6. Peak memory (ru_maxrss) of every plugin process the suite ran.
 //! 7. What the ARP probe adds to a takeover.
+//! 8. The profile of one ADD in counts the machine's load cannot change:
+//!    callgrind instructions and strace system calls, ours and the
+//!    reference's.
 //!
 //! Output: tables on stdout, `results.json` and SVG plots in `--out`, and
 //! (full runs) `BENCHMARKS.md`. Times are measured, never asserted.
@@ -280,6 +283,7 @@ fn main() {
     if !suite.opts.quick {
         node::probe_cost(&mut suite, &mut topo);
     }
+    node::profile(&mut suite, &mut topo);
 
     let command = "sudo scripts/bench.sh";
     let results = suite.report.json(&machine, command);
