@@ -98,6 +98,24 @@ impl Bench<'_> {
         call.run()
     }
 
+    /// kubelet's teardown of a sandbox: DEL (true when it succeeded),
+    /// no link may be left in it, then its netns goes.
+    fn tear_down(
+        &mut self,
+        pod: &Pod,
+        cid: &str,
+        identity: &str,
+        problems: &mut Vec<String>,
+    ) -> bool {
+        let ok = self.call("DEL", pod, cid, identity, None).success;
+        let left = links_in(&pod.netns);
+        if left != ["lo"] {
+            problems.push(format!("links left in the sandbox after DEL: {left:?}"));
+        }
+        self.topo.delete_netns(&pod.netns);
+        ok
+    }
+
     fn claims(&self) -> Vec<Seen> {
         match self.store {
             Store::File => sticky_e2e::store::claims(&self.dir, &self.api.network)
@@ -208,25 +226,10 @@ fn add_trial(
                 } else {
                     problems.push(format!("retried ADD failed: {}", r.stdout));
                 }
-                recovered &= b.call("DEL", &pod, &cid, &identity, None).success;
-                if links_in(&pod.netns) != ["lo"] {
-                    problems.push(format!(
-                        "links left in the sandbox after DEL: {:?}",
-                        links_in(&pod.netns)
-                    ));
-                }
-                b.topo.delete_netns(&pod.netns);
+                recovered &= b.tear_down(&pod, &cid, &identity, &mut problems);
             }
             Next::DelThenNewSandbox => {
-                let d = b.call("DEL", &pod, &cid, &identity, None);
-                recovered &= d.success;
-                if links_in(&pod.netns) != ["lo"] {
-                    problems.push(format!(
-                        "links left in the sandbox after DEL: {:?}",
-                        links_in(&pod.netns)
-                    ));
-                }
-                b.topo.delete_netns(&pod.netns);
+                recovered &= b.tear_down(&pod, &cid, &identity, &mut problems);
                 let (pod2, cid2) = b.sandbox();
                 let r = b.call("ADD", &pod2, &cid2, &identity, None);
                 recovered &= r.success;
@@ -273,14 +276,7 @@ fn del_trial(b: &mut Bench, point: &'static str, kept: &mut BTreeMap<String, Str
     let killed = b.call("DEL", &pod, &cid, &identity, Some(point));
     let injected = !killed.success && killed.stdout.trim().is_empty();
     let mut problems = Vec::new();
-    let mut recovered = b.call("DEL", &pod, &cid, &identity, None).success;
-    if links_in(&pod.netns) != ["lo"] {
-        problems.push(format!(
-            "links left in the sandbox after DEL: {:?}",
-            links_in(&pod.netns)
-        ));
-    }
-    b.topo.delete_netns(&pod.netns);
+    let mut recovered = b.tear_down(&pod, &cid, &identity, &mut problems);
     let (pod2, cid2) = b.sandbox();
     let r = b.call("ADD", &pod2, &cid2, &identity, None);
     recovered &= r.success;

@@ -1188,22 +1188,18 @@ fn a_claim_object_with_a_bad_spec_is_named_not_guessed() {
             "spec": {"network": api.network, "ip": "not-an-ip", "identity": identity, "sticky": true, "created": 1},
         }),
     );
+    let pod = topo.add_pod("bad-spec");
+    let other = topo.add_pod("good-spec");
     let base = conf(&topo, &api, 0, json!({}));
-    let with_identity = |id: &str| {
+    let add_as = |id: &str, pod: &Pod, cid: &str| {
         let mut c = base.clone();
         c["args"] = json!({"cni": {"identity": id}});
-        c
+        CniCall::new(&our_plugin(), &topo.node(0).netns, "ADD", c)
+            .container(cid)
+            .netns(&pod.path)
+            .run()
     };
-    let pod = topo.add_pod("bad-spec");
-    let refused = CniCall::new(
-        &our_plugin(),
-        &topo.node(0).netns,
-        "ADD",
-        with_identity(identity),
-    )
-    .container("bad-spec")
-    .netns(&pod.path)
-    .run();
+    let refused = add_as(identity, &pod, "bad-spec");
     assert!(!refused.success, "{}", refused.stdout);
     assert!(
         refused.msg().contains(&name) && refused.msg().contains("spec.ip"),
@@ -1214,16 +1210,7 @@ fn a_claim_object_with_a_bad_spec_is_named_not_guessed() {
         !sticky_e2e::ip_ok(&["-n", &pod.netns, "link", "show", "net1"]),
         "a link was left"
     );
-    let other = topo.add_pod("good-spec");
-    let served = CniCall::new(
-        &our_plugin(),
-        &topo.node(0).netns,
-        "ADD",
-        with_identity("fine-peer"),
-    )
-    .container("good-spec")
-    .netns(&other.path)
-    .run();
+    let served = add_as("fine-peer", &other, "good-spec");
     assert!(served.success, "{}", served.stdout);
     let (_, out) = cli(&topo, &api, &["claims"]);
     assert!(
@@ -1237,15 +1224,7 @@ fn a_claim_object_with_a_bad_spec_is_named_not_guessed() {
         None,
     );
     assert_eq!(code, 200);
-    let again = CniCall::new(
-        &our_plugin(),
-        &topo.node(0).netns,
-        "ADD",
-        with_identity(identity),
-    )
-    .container("bad-spec")
-    .netns(&pod.path)
-    .run();
+    let again = add_as(identity, &pod, "bad-spec");
     assert!(again.success, "{}", again.stdout);
     assert_claim_invariants(&api.claims());
 }
