@@ -127,21 +127,24 @@ impl Bench<'_> {
                     holder: c.holder.map(|h| h.container_id),
                 })
                 .collect(),
-            Store::Kube => self
-                .api
-                .claims()
-                .iter()
-                .map(|c| Seen {
-                    ip: c["spec"]["ip"].as_str().unwrap_or_default().into(),
-                    identity: c["spec"]["identity"].as_str().unwrap_or_default().into(),
-                    sticky: c["spec"]["sticky"].as_bool().unwrap_or(false),
-                    holder: c["status"]["holder"]["containerID"]
-                        .as_str()
-                        .map(String::from),
-                })
-                .collect(),
+            Store::Kube => seen_objects(self.api),
         }
     }
+}
+
+/// The stand-in's IPClaim objects of the test network, as `Seen`.
+fn seen_objects(api: &StandIn) -> Vec<Seen> {
+    api.claims()
+        .iter()
+        .map(|c| Seen {
+            ip: c["spec"]["ip"].as_str().unwrap_or_default().into(),
+            identity: c["spec"]["identity"].as_str().unwrap_or_default().into(),
+            sticky: c["spec"]["sticky"].as_bool().unwrap_or(false),
+            holder: c["status"]["holder"]["containerID"]
+                .as_str()
+                .map(String::from),
+        })
+        .collect()
 }
 
 /// Section 3's invariants, with every sandbox gone: each problem, named.
@@ -572,18 +575,7 @@ fn api_faults_keep_the_invariants() {
         "reconcile: {swept}{}",
         String::from_utf8_lossy(&sweep.stderr)
     );
-    let claims: Vec<Seen> = api
-        .claims()
-        .iter()
-        .map(|c| Seen {
-            ip: c["spec"]["ip"].as_str().unwrap_or_default().into(),
-            identity: c["spec"]["identity"].as_str().unwrap_or_default().into(),
-            sticky: c["spec"]["sticky"].as_bool().unwrap_or(false),
-            holder: c["status"]["holder"]["containerID"]
-                .as_str()
-                .map(String::from),
-        })
-        .collect();
+    let claims = seen_objects(&api);
     let after = violations(&claims, &kept);
     println!(
         "\n{:<40} {:>8} {:>9} {:>8} {:>10}",
