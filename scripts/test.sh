@@ -53,7 +53,7 @@ for _ in 1 2 3 4 5; do
     sleep 0.3
     kill -0 "$KPID" 2>/dev/null && break
 done
-printf 'apiVersion: v1\nkind: Config\nclusters:\n- name: loop\n  cluster:\n    server: http://127.0.0.1:%s\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: loop\n  context:\n    cluster: loop\n    user: u\ncurrent-context: loop\n' "$KPORT" >"$KDIR/kubeconfig"
+printf 'apiVersion: v1\nkind: Config\nclusters:\n- name: loop\n  cluster:\n    server: http://127.0.0.1:%s\nusers:\n- name: u\n  user:\n    token: loopback-e2e-token\ncontexts:\n- name: loop\n  context:\n    cluster: loop\n    user: u\ncurrent-context: loop\n' "$KPORT" >"$KDIR/kubeconfig"
 echo "kubernetes scenarios in real-cluster mode against 127.0.0.1:$KPORT"
 set +e
 STICKY_E2E_KUBECONFIG="$KDIR/kubeconfig" cargo test -p sticky-e2e --test kube -- --test-threads=2 2>&1 | tee -a "$LOG"

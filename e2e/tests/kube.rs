@@ -1096,15 +1096,16 @@ fn sticky_mac_survives_a_reschedule_and_split_brain_is_still_caught() {
 #[test]
 fn secrets_never_reach_the_logs() {
     let (mut topo, mut api) = cluster(1);
-    let kubeconfig = std::fs::read_to_string(&api.kubeconfig).expect("kubeconfig");
+    let text = std::fs::read_to_string(&api.kubeconfig).expect("kubeconfig");
+    let kubeconfig: Value = serde_saphyr::from_str(&text).expect("parse the kubeconfig");
     let mut secrets: Vec<String> = Vec::new();
-    for line in kubeconfig.lines().map(str::trim) {
-        if let Some(t) = line.strip_prefix("token:") {
-            secrets.push(t.trim().to_string());
+    for u in kubeconfig["users"].as_array().into_iter().flatten() {
+        if let Some(t) = u["user"]["token"].as_str() {
+            secrets.push(t.to_string());
         }
-        if let Some(f) = line.strip_prefix("tokenFile:") {
+        if let Some(f) = u["user"]["tokenFile"].as_str() {
             secrets.push(
-                std::fs::read_to_string(f.trim())
+                std::fs::read_to_string(f)
                     .unwrap_or_default()
                     .trim()
                     .to_string(),
