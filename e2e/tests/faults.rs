@@ -459,27 +459,23 @@ fn api_faults_keep_the_invariants() {
         for k in 0..4 {
             // Half sticky identities (kept across sandboxes), half dynamic.
             let identity = (k % 2 == 0).then(|| format!("apif-{seq}-{k}"));
-            let mut conf = json!({});
+            let mut conf = configs::sticky(
+                &topo.node(0).uplink,
+                &dir,
+                json!({
+                    "store": {"type": "kubernetes", "kubeconfig": api.kubeconfig, "timeoutMs": 1000, "dir": topo.file("api-faults-local")},
+                    "nodeName": api.node(1),
+                }),
+            );
+            conf["name"] = json!(api.network);
+            if let Some(id) = &identity {
+                conf["args"] = json!({"cni": {"identity": id}});
+            }
             let mut done = false;
             for _attempt in 0..8 {
                 seq += 1;
                 let pod = topo.add_pod(&format!("af{seq}"));
                 let cid = format!("af{seq}");
-                conf = {
-                    let mut c = configs::sticky(
-                        &topo.node(0).uplink,
-                        &dir,
-                        json!({
-                            "store": {"type": "kubernetes", "kubeconfig": api.kubeconfig, "timeoutMs": 1000, "dir": topo.file("api-faults-local")},
-                            "nodeName": api.node(1),
-                        }),
-                    );
-                    c["name"] = json!(api.network);
-                    if let Some(id) = &identity {
-                        c["args"] = json!({"cni": {"identity": id}});
-                    }
-                    c
-                };
                 let run = |cmd: &str| {
                     CniCall::new(&our_plugin(), &topo.node(0).netns, cmd, conf.clone())
                         .container(&cid)
@@ -516,24 +512,9 @@ fn api_faults_keep_the_invariants() {
                 }
                 // A failed ADD: kubelet tears the sandbox down and tries anew.
                 retries += 1;
-                if std::env::var("FAULTS_DEBUG").is_ok() {
-                    eprintln!("ADD {cid} failed: {}", add.stdout);
-                }
+                eprintln!("ADD {cid} failed: {}", add.stdout);
                 for _ in 0..8 {
-                    let d = run("DEL");
-                    if std::env::var("FAULTS_DEBUG").is_ok() {
-                        eprintln!("DEL {cid}: {} {}", d.stdout, d.stderr);
-                        for c in api.claims() {
-                            eprintln!(
-                                "   claim {} id {} sticky {} holder {}",
-                                c["spec"]["ip"],
-                                c["spec"]["identity"],
-                                c["spec"]["sticky"],
-                                c["status"]["holder"]["containerID"]
-                            );
-                        }
-                    }
-                    if d.success {
+                    if run("DEL").success {
                         break;
                     }
                 }
@@ -599,8 +580,12 @@ fn api_faults_keep_the_invariants() {
     for v in &after {
         println!("    {v}");
     }
-    if std::env::var("FAULTS_DEBUG").is_ok() {
-        let _ = std::fs::copy(topo.state_dir.join("standin.log"), "/tmp/standin-trace.log");
+    // With STANDIN_TRACE=1 the stand-in logs every request and its fate.
+    if std::env::var_os("STANDIN_TRACE").is_some() {
+        let _ = std::fs::copy(
+            topo.state_dir.join("standin.log"),
+            std::env::temp_dir().join("standin-trace.log"),
+        );
     }
     assert!(
         rows.iter().all(|r| r.1 > 0),
