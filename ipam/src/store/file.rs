@@ -721,10 +721,14 @@ mod tests {
         let dir = tmpdir("lock");
         let first = FileStore::open(&dir, "net").unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let d = dir.clone();
         let waiter = std::thread::spawn(move || {
-            let opened = FileStore::open(&d, "net").map(drop);
-            let _ = tx.send(opened);
+            let opened = FileStore::open(&d, "net");
+            let _ = tx.send(opened.as_ref().map(|_| ()).map_err(|e| e.msg.clone()));
+            // Hold the store until the main thread has looked.
+            let _ = done_rx.recv();
+            drop(opened);
         });
         // Still waiting while the first store holds the lock...
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
@@ -734,7 +738,16 @@ mod tests {
             .recv_timeout(Duration::from_secs(10))
             .expect("lock handed over");
         assert!(got.is_ok());
+        // The lock the helper thread took stays with the store after that
+        // thread is gone: a third party cannot take it.
+        let probe = File::open(dir.join("net/lock")).unwrap();
+        assert!(
+            !try_lock(&probe, &dir).unwrap(),
+            "the handed-over lock was lost"
+        );
+        done_tx.send(()).unwrap();
         waiter.join().unwrap();
+        assert!(try_lock(&probe, &dir).unwrap(), "released with the store");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
