@@ -481,6 +481,14 @@ pub mod configs {
         })
     }
 
+    /// Copies `extra`'s keys over `target`'s (both JSON objects; anything
+    /// else leaves `target` as it is).
+    pub fn merge(target: &mut Value, extra: &Value) {
+        if let (Some(t), Some(e)) = (target.as_object_mut(), extra.as_object()) {
+            t.extend(e.clone());
+        }
+    }
+
     /// Our plugin with the in-process sticky IPAM; `extra` is merged into
     /// the ipam section.
     pub fn sticky(master: &str, store: &Path, extra: Value) -> Value {
@@ -493,9 +501,7 @@ pub mod configs {
             "routes": [{"dst": "0.0.0.0/0"}],
             "dataDir": store,
         });
-        if let (Some(i), Some(e)) = (ipam.as_object_mut(), extra.as_object()) {
-            i.extend(e.clone());
-        }
+        merge(&mut ipam, &extra);
         macvlan(OUR_TYPE, "1.0.0", master, ipam)
     }
 

@@ -28,9 +28,7 @@ impl Env<'_> {
         let dir = self.topo.file(&format!("bad{}-{plugin_type}", self.n));
         let mut config =
             configs::macvlan(plugin_type, version, "uplink0", configs::host_local(&dir));
-        if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
-            c.extend(e.clone());
-        }
+        configs::merge(&mut config, &extra);
         let plugin = if plugin_type == OUR_TYPE {
             our_plugin()
         } else {
@@ -802,9 +800,7 @@ fn sticky_ipam_input_table() {
         let pod = topo.add_pod(&format!("sti{i}"));
         let dir = topo.file(&format!("sti{i}"));
         let mut conf = configs::sticky("uplink0", &dir, ipam);
-        if let (Some(c), Some(e)) = (conf.as_object_mut(), plugin.as_object()) {
-            c.extend(e.clone());
-        }
+        configs::merge(&mut conf, &plugin);
         if args_cni.as_object().is_some_and(|o| !o.is_empty()) {
             conf["args"] = json!({"cni": args_cni});
         }

@@ -60,9 +60,7 @@ fn config_for(topo: &Topology, case: &Case, plugin_type: &str, version: &str, ta
     };
     let master = if case.pod_master { "podup0" } else { "uplink0" };
     let mut c = configs::macvlan(plugin_type, version, master, ipam);
-    if let (Some(c), Some(extra)) = (c.as_object_mut(), case.extra.as_object()) {
-        c.extend(extra.clone());
-    }
+    configs::merge(&mut c, &case.extra);
     c
 }
 

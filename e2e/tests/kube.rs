@@ -26,9 +26,7 @@ fn conf(topo: &Topology, api: &StandIn, node: usize, extra: Value) -> Value {
                   "dir": topo.file(&format!("node{}-local", node + 1))},
         "nodeName": api.node(node + 1),
     });
-    if let (Some(i), Some(e)) = (ipam.as_object_mut(), extra.as_object()) {
-        i.extend(e.clone());
-    }
+    configs::merge(&mut ipam, &extra);
     let mut c = configs::sticky(&topo.node(node).uplink, &topo.file("unused"), ipam);
     c["name"] = json!(api.network);
     c

@@ -45,11 +45,16 @@ fn call(
     cid: &str,
     args: &str,
 ) -> CniReply {
-    let r = CniCall::new(&crate_plugin(), &topo.node(node).netns, cmd, conf.clone())
-        .container(cid)
-        .netns(netns)
-        .args(args)
-        .run();
+    let r = CniCall::new(
+        &sticky_e2e::our_plugin(),
+        &topo.node(node).netns,
+        cmd,
+        conf.clone(),
+    )
+    .container(cid)
+    .netns(netns)
+    .args(args)
+    .run();
     assert!(
         r.success,
         "{cmd} {cid} on node{} failed: {}",
@@ -82,12 +87,6 @@ fn breakdown(stats: &Value) -> String {
                 .join(" ")
         })
         .unwrap_or_default()
-}
-
-fn crate_plugin() -> std::path::PathBuf {
-    std::env::current_exe()
-        .expect("exe")
-        .with_file_name("sticky-macvlan")
 }
 
 struct Churn {

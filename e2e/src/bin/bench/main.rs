@@ -242,13 +242,9 @@ fn main() {
         default_hook(info);
         sticky_e2e::remove_run(std::process::id());
     }));
-    let ours = std::env::current_exe()
-        .expect("exe")
-        .with_file_name("sticky-macvlan");
-    assert!(
-        ours.exists() && ours.with_file_name("kube-standin").exists(),
-        "build first: cargo build --release --workspace"
-    );
+    // Both panic with how to build them when missing.
+    let ours = sticky_e2e::our_plugin();
+    sticky_e2e::kube::standin_binary();
     let mut suite = Suite {
         ours,
         reference: reference_plugin("macvlan"),

@@ -298,9 +298,7 @@ pub fn parallel(suite: &mut Suite, topo: &mut Topology, api: &StandIn) {
     let wide = json!({"subnet": "10.231.0.0/20", "rangeStart": "10.231.0.10", "rangeEnd": "10.231.15.250", "gateway": "10.231.0.1", "routes": [{"dst": "0.0.0.0/0"}]});
     let with = |extra: Value| {
         let mut ipam = wide.clone();
-        if let (Some(i), Some(e)) = (ipam.as_object_mut(), extra.as_object()) {
-            i.extend(e.clone());
-        }
+        configs::merge(&mut ipam, &extra);
         ipam
     };
     let mut file_ipam = with(json!({"type": "sticky-ipam", "dataDir": topo.file("par-file")}));
@@ -491,9 +489,7 @@ pub fn scale(suite: &mut Suite, topo: &mut Topology, api: &StandIn) {
     let range = json!({"subnet": "10.220.0.0/16", "gateway": "10.220.0.1", "routes": [{"dst": "0.0.0.0/0"}]});
     let conf = |plugin_type: &str, ipam: Value| {
         let mut ipam_all = range.clone();
-        if let (Some(i), Some(e)) = (ipam_all.as_object_mut(), ipam.as_object()) {
-            i.extend(e.clone());
-        }
+        configs::merge(&mut ipam_all, &ipam);
         let mut c = configs::macvlan(plugin_type, "1.0.0", "uplink0", ipam_all);
         c["name"] = json!(SCALE_NET);
         c
