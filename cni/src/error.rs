@@ -20,6 +20,9 @@ pub mod code {
     pub const DATAPATH: u32 = 100;
     /// A delegated IPAM plugin misbehaved (bad output, could not be run).
     pub const IPAM_DELEGATE: u32 = 101;
+    /// A pod asked for an identity (or its reserved address) that belongs
+    /// to another namespace.
+    pub const NAMESPACE_NOT_ALLOWED: u32 = 114;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,6 +6,7 @@ pub mod conf;
 pub mod env;
 pub mod error;
 pub mod fault;
+pub mod keys;
 pub mod log;
 pub mod result;
 pub mod skel;

@@ -397,7 +397,7 @@ pub fn our_ipam() -> PathBuf {
     let p = target_dir().join("sticky-ipam");
     assert!(
         p.exists(),
-        "{} is missing: build it first (cargo build -p sticky-ipam)",
+        "{} is missing: build it first (cargo build -p sticky-macvlan)",
         p.display()
     );
     p

@@ -80,6 +80,11 @@ pub struct Claim {
     pub holder: Option<Holder>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<Owner>,
+    /// The namespace of the pod that first claimed the identity: pods of
+    /// other namespaces may not take it (`tenancy`). None for claims made
+    /// outside Kubernetes or stored before namespaces were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     pub created: u64,
     pub updated: u64,
 }

@@ -585,6 +585,7 @@ fn import_host_local(opts: &Opts) -> CniResult<()> {
                     since: now,
                 }),
                 owner: None,
+                namespace: None,
                 created: now,
                 updated: now,
             }),

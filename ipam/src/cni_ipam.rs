@@ -15,7 +15,7 @@ use crate::claim::{now_secs, Holder};
 use crate::config::IpamConfig;
 use crate::config::StoreKind;
 use crate::engine::{plan_add, plan_del, plan_gc, plan_undo, AddRequest, Grant};
-use crate::identity;
+use crate::identity::{self, Identity};
 use crate::kube::client::KubeClient;
 use crate::kube::liveness::KubeInspector;
 use crate::kube::{ApiError, KubeApi, PodFacts};
@@ -24,6 +24,7 @@ use crate::store::file::FileStore;
 use crate::store::kube::{self as kube_store, KubeStore, STORE_CONFLICT, STORE_UNREACHABLE};
 use crate::store::{Change, ClaimStore, Plan};
 use crate::system::{netns_id, node_facts, LocalInspector};
+use crate::wire::{needs_wire_check, Origin, StoreScope};
 
 /// One invocation's view of the attachment.
 #[derive(Debug, Clone)]
@@ -51,8 +52,10 @@ pub struct StickyIpam {
     unreachable: Option<String>,
     /// What the last ADD committed, for `undo_add`.
     committed: Option<Plan>,
-    /// Addresses the last ADD took from another pod's holder.
-    taken_over: Vec<IpAddr>,
+    /// What the last ADD granted, and to which identity: what decides
+    /// which addresses the wire must confirm (`wire`).
+    granted: Vec<(IpAddr, Origin)>,
+    granted_to: Option<Identity>,
 }
 
 /// This node's name: `nodeName` from the config, else (kubernetes store)
@@ -200,7 +203,8 @@ impl StickyIpam {
             prepared: None,
             unreachable: None,
             committed: None,
-            taken_over: Vec::new(),
+            granted: Vec::new(),
+            granted_to: None,
         })
     }
 
@@ -208,11 +212,25 @@ impl StickyIpam {
         &self.conf
     }
 
-    /// Addresses the last ADD took over from another pod's holder (the
-    /// store judged it dead; the wire has not been asked yet). A sandbox of
-    /// the same pod is not in it: kubelet replaces it itself.
-    pub fn taken_over(&self) -> &[IpAddr] {
-        &self.taken_over
+    /// Addresses of the last ADD that the wire must confirm free before
+    /// they are bound (`wire::needs_wire_check`): those this store cannot
+    /// prove free everywhere they could be in use. `probe_fresh` is the
+    /// plugin's `probe.fresh`.
+    pub fn must_confirm(&self, probe_fresh: bool) -> Vec<IpAddr> {
+        let Some(identity) = &self.granted_to else {
+            return Vec::new();
+        };
+        let scope = match self.conf.store {
+            StoreKind::File => StoreScope::Node,
+            StoreKind::Kubernetes { .. } => StoreScope::Cluster,
+        };
+        self.granted
+            .iter()
+            .filter(|(_, origin)| {
+                needs_wire_check(origin, identity, scope, &self.node.node, probe_fresh)
+            })
+            .map(|(ip, _)| *ip)
+            .collect()
     }
 
     fn open(&self) -> CniResult<FileStore> {
@@ -369,11 +387,8 @@ impl StickyIpam {
             }
         }
         self.committed = Some(plan);
-        self.taken_over = grants
-            .iter()
-            .filter(|g| g.from_another_pod(req.caller.pod_uid.as_deref()))
-            .map(|g| g.ip)
-            .collect();
+        self.granted = grants.iter().map(|g| (g.ip, g.origin.clone())).collect();
+        self.granted_to = Some(req.identity.clone());
         Ok(self.output(&grants))
     }
 
@@ -458,6 +473,9 @@ impl StickyIpam {
                 range,
                 took_over: None,
                 displaced: None,
+                origin: Origin::SamePod {
+                    node: self.node.node.clone(),
+                },
             });
         }
         local.commit(&plan)?;

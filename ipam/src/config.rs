@@ -124,6 +124,9 @@ pub struct IpamConfig {
     pub exclude: Vec<Span>,
     /// identity -> addresses pinned to it (one per family at most).
     pub reservations: BTreeMap<String, Vec<IpAddr>>,
+    /// identity -> the only namespaces whose pods may take it
+    /// (`reservations.<identity>.namespaces`); see `tenancy`.
+    pub identity_namespaces: BTreeMap<String, Vec<String>>,
     pub identity: Option<String>,
     pub policy: IdentityPolicy,
     pub store_dir: PathBuf,
@@ -146,6 +149,19 @@ struct RawRange {
 enum OneOrMany {
     One(String),
     Many(Vec<String>),
+}
+
+/// A reservation: an address (or one per range set), optionally bound to
+/// the namespaces whose pods may take it.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawReservation {
+    Addresses(OneOrMany),
+    Bound {
+        ip: OneOrMany,
+        #[serde(default)]
+        namespaces: Vec<String>,
+    },
 }
 
 #[derive(Deserialize)]
@@ -184,13 +200,23 @@ struct RawIpam {
     ranges: Option<Vec<Vec<RawRange>>>,
     routes: Option<Vec<Route>>,
     exclude: Option<Vec<String>>,
-    reservations: Option<BTreeMap<String, OneOrMany>>,
+    reservations: Option<BTreeMap<String, RawReservation>>,
     identity: Option<String>,
     identity_policy: Option<String>,
     data_dir: Option<String>,
     store: Option<RawStore>,
     node_name: Option<String>,
     max_scan: Option<u64>,
+}
+
+/// A DNS-1123 label, what a Kubernetes namespace name is.
+fn is_namespace_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
 }
 
 fn bad(msg: String) -> CniError {
@@ -304,9 +330,86 @@ fn allocatable(range: &Range, exclude: &[Span]) -> u128 {
         .saturating_sub(special)
 }
 
+/// The keys of an `ipam` section of ours.
+const IPAM_KEYS: &[&str] = &[
+    "type",
+    "subnet",
+    "rangeStart",
+    "rangeEnd",
+    "gateway",
+    "ranges",
+    "routes",
+    "exclude",
+    "reservations",
+    "identity",
+    "identityPolicy",
+    "dataDir",
+    "store",
+    "nodeName",
+    "maxScan",
+];
+
+/// host-local keys accepted so a NAD converts by changing `type`, with no
+/// effect here.
+const HOST_LOCAL_ONLY_KEYS: &[&str] = &[
+    // host-local reads DNS from this file; macvlan (ours and the
+    // reference) never passes an IPAM's dns on, so it changes nothing.
+    "resolvConf",
+];
+
+const STORE_KEYS: &[&str] = &["type", "dir", "kubeconfig", "timeoutMs"];
+const RANGE_KEYS: &[&str] = &["subnet", "rangeStart", "rangeEnd", "gateway"];
+const RESERVATION_KEYS: &[&str] = &["ip", "namespaces"];
+
+/// A typo among our keys is an error (code 2) naming it, never a silent
+/// default: a misspelt `reservations` would hand a reserved address to
+/// anyone.
+fn refuse_unknown_keys(ipam: &Value) -> CniResult<()> {
+    use cni::keys::{refuse_unknown_in, ROUTE_KEYS};
+    refuse_unknown_in(ipam, "ipam", IPAM_KEYS, &[HOST_LOCAL_ONLY_KEYS])?;
+    if let Some(store) = ipam.get("store") {
+        refuse_unknown_in(store, "ipam.store", STORE_KEYS, &[])?;
+    }
+    for (i, set) in ipam
+        .get("ranges")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        for (j, range) in set.as_array().into_iter().flatten().enumerate() {
+            refuse_unknown_in(range, &format!("ipam.ranges[{i}][{j}]"), RANGE_KEYS, &[])?;
+        }
+    }
+    for (i, route) in ipam
+        .get("routes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        refuse_unknown_in(route, &format!("ipam.routes[{i}]"), ROUTE_KEYS, &[])?;
+    }
+    for (id, reservation) in ipam
+        .get("reservations")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        refuse_unknown_in(
+            reservation,
+            &format!("ipam.reservations[{id:?}]"),
+            RESERVATION_KEYS,
+            &[],
+        )?;
+    }
+    Ok(())
+}
+
 impl IpamConfig {
     /// Parses and validates `ipam` of network `network`.
     pub fn parse(network: &str, ipam: &Value) -> CniResult<IpamConfig> {
+        refuse_unknown_keys(ipam)?;
         let raw: RawIpam = serde_path_to_error::deserialize(ipam).map_err(|e| {
             let path = e.path().to_string();
             bad(format!("ipam.{path} is invalid: {}", e.into_inner()))
@@ -389,10 +492,29 @@ impl IpamConfig {
         };
 
         let mut reservations = BTreeMap::new();
+        let mut identity_namespaces = BTreeMap::new();
         let mut reserved_by: BTreeMap<IpAddr, String> = BTreeMap::new();
         for (id, value) in raw.reservations.unwrap_or_default() {
             validate_identity(&id).map_err(|why| bad(format!("ipam.reservations key {why}")))?;
-            let list = match value {
+            let (addresses, namespaces) = match value {
+                RawReservation::Addresses(a) => (a, None),
+                RawReservation::Bound { ip, namespaces } => (ip, Some(namespaces)),
+            };
+            if let Some(namespaces) = namespaces {
+                let field = format!("ipam.reservations[{id:?}].namespaces");
+                if namespaces.is_empty() {
+                    return Err(bad(format!(
+                        "{field} is empty: list the namespaces whose pods may take {id:?}, or leave the key out (the first namespace to claim it keeps it)"
+                    )));
+                }
+                if let Some(ns) = namespaces.iter().find(|ns| !is_namespace_name(ns)) {
+                    return Err(bad(format!(
+                        "{field} entry {ns:?} is not a Kubernetes namespace name (lower-case letters, digits and '-', at most 63)"
+                    )));
+                }
+                identity_namespaces.insert(id.clone(), namespaces);
+            }
+            let list = match addresses {
                 OneOrMany::One(s) => vec![s],
                 OneOrMany::Many(v) => v,
             };
@@ -505,6 +627,7 @@ impl IpamConfig {
             routes: raw.routes.unwrap_or_default(),
             exclude,
             reservations,
+            identity_namespaces,
             identity,
             policy,
             store_dir,

@@ -15,6 +15,8 @@ use crate::config::{IpamConfig, Range, RangeSet};
 use crate::identity::Identity;
 use crate::liveness::{Caller, Verdict};
 use crate::store::{Change, ClaimStore, Plan, STORE_DAMAGED};
+use crate::tenancy;
+use crate::wire::Origin;
 
 /// The liveness seam: the real one looks at netns paths, tests script it.
 pub trait Inspector {
@@ -47,21 +49,9 @@ pub struct Grant {
     pub took_over: Option<String>,
     /// The holder the address was taken from (judged dead), if any.
     pub displaced: Option<Holder>,
-}
-
-impl Grant {
-    /// Whether the address came from a holder of another pod: one the wire
-    /// should confirm gone (a sandbox of the same pod is being replaced by
-    /// kubelet itself).
-    pub fn from_another_pod(&self, caller_pod_uid: Option<&str>) -> bool {
-        match &self.displaced {
-            None => false,
-            Some(h) => match (h.pod_uid.as_deref(), caller_pod_uid) {
-                (Some(theirs), Some(mine)) => theirs.is_empty() || theirs != mine,
-                _ => true,
-            },
-        }
-    }
+    /// Where the address came from: what decides whether the wire must
+    /// confirm it (`wire::needs_wire_check`).
+    pub origin: Origin,
 }
 
 struct Planner<'a> {
@@ -109,9 +99,18 @@ impl Planner<'_> {
             sticky: self.req.identity.sticky,
             holder: Some(self.req.holder.clone()),
             owner: self.req.identity.owner.clone(),
+            namespace: self.req.holder.pod_namespace.clone(),
             created: self.req.now,
             updated: self.req.now,
         }
+    }
+
+    fn origin_of(&self, previous: Option<&Holder>) -> Origin {
+        Origin::from_holder(
+            previous,
+            &self.req.holder,
+            self.req.caller.pod_uid.as_deref(),
+        )
     }
 
     fn planned(&self, ip: IpAddr) -> bool {
@@ -132,10 +131,16 @@ impl Planner<'_> {
     fn keep(&mut self, set: &RangeSet, claim: &Claim) -> CniResult<Grant> {
         let took_over = self.takeable(claim)?;
         // A retried ADD by the same attachment writes nothing.
+        // A claim stored before namespaces were recorded binds now.
+        let namespace = claim
+            .namespace
+            .clone()
+            .or_else(|| self.req.holder.pod_namespace.clone());
         let unchanged = claim.held_by(&self.req.holder.container_id, &self.req.holder.ifname)
             && claim.holder.as_ref().map(|h| &h.netns) == Some(&self.req.holder.netns)
             && claim.sticky == self.req.identity.sticky
-            && claim.owner == self.req.identity.owner;
+            && claim.owner == self.req.identity.owner
+            && claim.namespace == namespace;
         if !unchanged {
             self.plan.changes.push(Change {
                 before: Some(claim.clone()),
@@ -143,6 +148,7 @@ impl Planner<'_> {
                     holder: Some(self.req.holder.clone()),
                     sticky: self.req.identity.sticky,
                     owner: self.req.identity.owner.clone(),
+                    namespace,
                     updated: self.req.now,
                     ..claim.clone()
                 }),
@@ -152,6 +158,7 @@ impl Planner<'_> {
             ip: claim.ip,
             range: self.range_of(set, claim.ip),
             displaced: took_over.as_ref().and(claim.holder.clone()),
+            origin: self.origin_of(claim.holder.as_ref()),
             took_over,
         })
     }
@@ -173,6 +180,10 @@ impl Planner<'_> {
             took_over = self.takeable(other)?;
         }
         let displaced = existing.as_ref().and_then(|c| c.holder.clone());
+        let origin = match &existing {
+            None => Origin::Fresh,
+            Some(c) => self.origin_of(c.holder.as_ref()),
+        };
         self.plan.changes.push(Change {
             before: existing,
             after: Some(self.new_claim(ip)),
@@ -182,6 +193,7 @@ impl Planner<'_> {
             range: self.range_of(set, ip),
             displaced: took_over.as_ref().and(displaced),
             took_over,
+            origin,
         })
     }
 
@@ -217,6 +229,7 @@ impl Planner<'_> {
                         range: range.clone(),
                         took_over: None,
                         displaced: None,
+                        origin: Origin::Fresh,
                     });
                 }
                 Ok(true) => {}
@@ -297,6 +310,7 @@ impl Planner<'_> {
                 range,
                 took_over,
                 displaced: claim.holder.clone(),
+                origin: self.origin_of(claim.holder.as_ref()),
             });
         }
         let size = set.size();
@@ -411,6 +425,12 @@ pub fn plan_add(
     }
 
     let mine = store.claims_of_identity(&req.identity.key)?;
+    tenancy::check(
+        conf,
+        &req.identity,
+        &mine,
+        req.holder.pod_namespace.as_deref(),
+    )?;
     let mut planner = Planner {
         conf,
         store,
@@ -782,6 +802,7 @@ mod tests {
                 sticky: true,
                 holder: Some(holder(cid)),
                 owner: None,
+                namespace: None,
                 created: 1,
                 updated: 1,
             };
@@ -816,17 +837,25 @@ mod tests {
             g[0].displaced.as_ref().map(|h| h.container_id.as_str()),
             Some("a")
         );
-        assert!(g[0].from_another_pod(Some("uid-b")));
+        assert_eq!(g[0].origin, Origin::TakenOver);
         // The same pod's new sandbox: displaced, but not another pod.
         let mut same = req("peer", true, "b2");
         same.caller.pod_uid = Some("uid-b".into());
         same.holder.pod_uid = Some("uid-b".into());
         let g = add(&c, &mut s, &Alive(vec!["b"]), &same).unwrap();
         assert!(g[0].displaced.is_some());
-        assert!(!g[0].from_another_pod(Some("uid-b")));
+        assert_eq!(g[0].origin, Origin::SamePod { node: "n1".into() });
         // A retried ADD by the holder displaces nobody.
         let g = add(&c, &mut s, &Alive(vec!["b2"]), &same).unwrap();
-        assert!(g[0].displaced.is_none() && !g[0].from_another_pod(Some("uid-b")));
+        assert!(g[0].displaced.is_none());
+        assert_eq!(g[0].origin, Origin::SameAttachment);
+        // After its DEL the sticky claim is unheld; a fresh identity is fresh.
+        let del = plan_del(&mut s, "b2", "net1", 200).unwrap();
+        crate::store::ClaimStore::commit(&mut s, &del).unwrap();
+        let g = add(&c, &mut s, &Alive(vec![]), &same).unwrap();
+        assert_eq!(g[0].origin, Origin::Unheld);
+        let g = add(&c, &mut s, &Alive(vec![]), &req("other", true, "z")).unwrap();
+        assert_eq!(g[0].origin, Origin::Fresh);
     }
 
     #[test]
@@ -924,7 +953,11 @@ mod tests {
         let one = add(&c, &mut s, &a, &r).unwrap();
         let (plan, two) = plan_add(&c, &mut s, &a, &r).unwrap();
         assert!(plan.is_empty(), "{plan:?}");
-        assert_eq!(one, two);
+        assert_eq!(one[0].origin, Origin::Fresh);
+        // The same grant, now known to be this attachment's own.
+        let mut same = one.clone();
+        same[0].origin = Origin::SameAttachment;
+        assert_eq!(same, two);
     }
 
     #[test]

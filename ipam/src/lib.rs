@@ -9,3 +9,5 @@ pub mod kube;
 pub mod liveness;
 pub mod store;
 pub mod system;
+pub mod tenancy;
+pub mod wire;

@@ -62,7 +62,7 @@ pub fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Output> {
     result
 }
 
-fn connect(netns: Option<&str>) -> CniResult<RtnlClient> {
+pub(crate) fn connect(netns: Option<&str>) -> CniResult<RtnlClient> {
     let fd = match netns {
         None => None,
         Some(path) => Some(open_netns(Path::new(path)).map_err(|e| match e {
@@ -141,8 +141,18 @@ pub fn add(
         None => finish_l2(env, conf, nl, &link, prev),
         Some(ipam) => ipam.add().and_then(|allocated| {
             cni::fault::point(cni::fault::ADD_CLAIM_WRITTEN);
-            let taken = ipam.taken_over();
-            finish_l3(env, conf, nl, &link, mac.is_none(), allocated, &taken, prev).map_err(|e| {
+            let unproven = ipam.must_confirm(conf.probe.fresh, &allocated);
+            finish_l3(
+                env,
+                conf,
+                nl,
+                &link,
+                mac.is_none(),
+                allocated,
+                &unproven,
+                prev,
+            )
+            .map_err(|e| {
                 let release = ipam
                     .undo_add()
                     .map_err(|r| r.context("cannot release the IPAM after a failed ADD"));
@@ -232,7 +242,7 @@ fn finish_l3(
     link: &CreatedLink,
     no_mac_given: bool,
     allocated: CniOutput,
-    taken_over: &[std::net::IpAddr],
+    unproven: &[std::net::IpAddr],
     prev: Option<CniOutput>,
 ) -> CniResult<Value> {
     let mut ips = allocated.ips.clone();
@@ -256,20 +266,16 @@ fn finish_l3(
     trial.ips.extend(ips.iter().cloned());
     trial.to_json(conf.common.cni_version)?;
 
-    // Addresses another holder had are confirmed free on the wire first.
-    let probed: Vec<std::net::Ipv4Addr> = ips
-        .iter()
-        .filter_map(|i| match i.address.addr() {
-            std::net::IpAddr::V4(v4)
-                if conf.probe.fresh || taken_over.contains(&i.address.addr()) =>
-            {
-                Some(v4)
-            }
-            _ => None,
-        })
-        .collect();
-    let probing = conf.probe.spec.count > 0 && !probed.is_empty();
-    if probing {
+    // Addresses the IPAM cannot prove free are confirmed on the wire first.
+    let probed: Vec<std::net::IpAddr> = if conf.probe.enabled() {
+        ips.iter()
+            .map(|i| i.address.addr())
+            .filter(|a| unproven.contains(a))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if !probed.is_empty() {
         // With the link's own random MAC: a sticky MAC is the old holder's
         // too, and its reply to that MAC would never leave its node.
         macvlan::probe_addresses(nl, link, &probed, conf.probe.spec)?;
@@ -280,14 +286,20 @@ fn finish_l3(
         None => link.clone(),
     };
     macvlan::configure_l3(nl, link, &ips, &allocated.routes)?;
-    if probing {
-        macvlan::announce_addresses(nl, link, &probed);
-    }
+    let probed_v4: Vec<std::net::Ipv4Addr> = probed
+        .iter()
+        .filter_map(|a| match a {
+            std::net::IpAddr::V4(v4) => Some(*v4),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .collect();
+    macvlan::announce_addresses(nl, link, &probed_v4);
     if conf.gateway_check {
         macvlan::check_gateways(nl, link, &ips, GATEWAY_CHECK)?;
     }
-    // A taken-over IPv6 address is confirmed by the kernel's DAD.
-    if taken_over.iter().any(|a| a.is_ipv6()) {
+    // An unproven IPv6 address is bound only once the kernel's own DAD
+    // (run again with the link's final MAC) has finished without conflict.
+    if probed.iter().any(|a| a.is_ipv6()) {
         macvlan::settle_ipv6(nl, link)?;
     }
     out.ips.extend(ips);
@@ -466,7 +478,10 @@ mod tests {
                 ..CniOutput::default()
             }))
         }
-        fn taken_over(&self) -> Vec<std::net::IpAddr> {
+        fn must_confirm(&self, probe_fresh: bool, allocated: &CniOutput) -> Vec<std::net::IpAddr> {
+            if probe_fresh {
+                return allocated.ips.iter().map(|i| i.address.addr()).collect();
+            }
             self.taken.clone()
         }
         fn del(&mut self) -> CniResult<()> {
@@ -535,7 +550,10 @@ mod tests {
         )
         .unwrap();
         assert!(
-            !quiet.calls.iter().any(|c| c.starts_with("arp_")),
+            !quiet
+                .calls
+                .iter()
+                .any(|c| c.starts_with("arp_") || c.starts_with("probe_")),
             "{:?}",
             quiet.calls
         );
@@ -553,7 +571,7 @@ mod tests {
         )
         .unwrap();
         let pos = |nl: &FakeNetlink, p: &str| nl.calls.iter().position(|c| c.starts_with(p));
-        let probe = pos(&free, "arp_probe").expect("probed");
+        let probe = pos(&free, "probe_address").expect("probed");
         let addr = pos(&free, "add_address").expect("address added");
         let announce = pos(&free, "arp_announce").expect("announced");
         assert!(probe < addr && addr < announce, "{:?}", free.calls);
@@ -591,11 +609,12 @@ mod tests {
         };
         add(
             &env(),
-            &conf("1.0.0", json!({"probe": {"count": 0}})),
+            &conf("1.0.0", json!({"probe": {"riskDuplicateAddresses": true}})),
             &mut off,
             Some(&mut ipam),
         )
         .unwrap();
+        assert!(pos(&off, "probe_address").is_none(), "{:?}", off.calls);
         // probe.fresh: fresh allocations are probed too.
         let mut fresh = nl();
         add(
@@ -605,7 +624,59 @@ mod tests {
             Some(&mut FakeIpam::default()),
         )
         .unwrap();
-        assert!(pos(&fresh, "arp_probe").is_some());
+        assert!(pos(&fresh, "probe_address").is_some());
+    }
+
+    #[test]
+    fn an_unproven_ipv6_address_is_probed_by_dad_and_refused_naming_the_mac() {
+        let v6 = || CniOutput {
+            ips: vec![IpConfig {
+                interface: None,
+                address: "fd00:59::2/64".parse().unwrap(),
+                gateway: None,
+            }],
+            ..CniOutput::default()
+        };
+        let unproven = vec!["fd00:59::2".parse().unwrap()];
+        let mut busy = nl();
+        busy.ndp_owners
+            .insert("fd00:59::2".parse().unwrap(), [2, 0, 0, 0, 0, 0x66]);
+        let mut ipam = FakeIpam {
+            result: Some(v6()),
+            taken: unproven.clone(),
+            ..FakeIpam::default()
+        };
+        let e = add(
+            &env(),
+            &conf("1.0.0", json!({})),
+            &mut busy,
+            Some(&mut ipam),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert!(
+            e.msg.contains("02:00:00:00:00:66") && e.msg.contains("duplicate address detection"),
+            "{}",
+            e.msg
+        );
+        assert!(busy.link_names(Ns::Pod).is_empty());
+        assert!(!busy.calls.iter().any(|c| c.starts_with("add_address")));
+        // Nobody answers: probed before the address is added, then bound.
+        let mut free = nl();
+        let mut ipam = FakeIpam {
+            result: Some(v6()),
+            taken: unproven,
+            ..FakeIpam::default()
+        };
+        add(
+            &env(),
+            &conf("1.0.0", json!({})),
+            &mut free,
+            Some(&mut ipam),
+        )
+        .unwrap();
+        let pos = |p: &str| free.calls.iter().position(|c| c.starts_with(p));
+        assert!(pos("probe_address").unwrap() < pos("add_address").unwrap());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The network config (stdin), parsed and validated before anything is
 //! touched. The keys every plugin shares are `cni::conf::CommonConf`; this
-//! adds the macvlan ones. Unknown keys are accepted: CNI configs are shared
-//! between plugins in a chain.
+//! adds the macvlan ones. Unknown top-level keys are refused (code 2),
+//! except those the spec, libcni and Multus add (`cni::keys`): a typo such
+//! as `mastre` must not fall back to the default-route interface.
 
 use serde::Deserialize;
 
@@ -61,20 +62,78 @@ pub struct NetConf {
     pub gateway_check: bool,
 }
 
-/// `"probe"`: the ARP check before an IPv4 address is bound.
+/// `"probe"`: the wire check (ARP probe for IPv4, duplicate address
+/// detection for IPv6) before an address the store cannot prove free is
+/// bound. Which addresses those are is the IPAM's call
+/// (`sticky_ipam::wire`); this is how to ask.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProbeConf {
     pub spec: ProbeSpec,
     /// Also probe freshly allocated addresses, not only taken-over ones.
     pub fresh: bool,
+    /// `riskDuplicateAddresses: true`: no wire check at all. The only way
+    /// to turn it off, so the config says what it gives up.
+    pub off: bool,
+}
+
+impl ProbeConf {
+    /// The top-level `probe` of any main plugin's config, for the
+    /// standalone sticky-ipam (the reference macvlan ignores the key).
+    pub fn from_config(value: &serde_json::Value) -> CniResult<ProbeConf> {
+        let Some(probe) = value.get("probe") else {
+            return Ok(ProbeConf::default());
+        };
+        crate::cni::keys::refuse_unknown_in(probe, "probe", PROBE_KEYS, &[])?;
+        ProbeConf::parse(Some(typed(probe, "probe")?))
+    }
+
+    /// Whether addresses are checked on the wire at all.
+    pub fn enabled(&self) -> bool {
+        !self.off
+    }
 }
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 struct RawProbe {
     count: Option<u32>,
     interval_ms: Option<u64>,
     fresh: Option<bool>,
+    risk_duplicate_addresses: Option<bool>,
+}
+
+/// Our top-level keys (beside `CommonConf`'s own: logFile, logLevel).
+const MACVLAN_KEYS: &[&str] = &[
+    "master",
+    "mode",
+    "mtu",
+    "mac",
+    "linkInContainer",
+    "bcqueuelen",
+    "probe",
+    "stickyMac",
+    "gatewayCheck",
+    "logFile",
+    "logLevel",
+];
+
+const PROBE_KEYS: &[&str] = &["count", "intervalMs", "fresh", "riskDuplicateAddresses"];
+
+fn refuse_unknown_keys(value: &serde_json::Value) -> CniResult<()> {
+    use crate::cni::keys::{refuse_unknown_in, DNS_KEYS, MULTUS_KEYS, SPEC_KEYS};
+    refuse_unknown_in(
+        value,
+        "the network config",
+        MACVLAN_KEYS,
+        &[SPEC_KEYS, MULTUS_KEYS],
+    )?;
+    if let Some(probe) = value.get("probe") {
+        refuse_unknown_in(probe, "probe", PROBE_KEYS, &[])?;
+    }
+    if let Some(dns) = value.get("dns") {
+        refuse_unknown_in(dns, "dns", DNS_KEYS, &[])?;
+    }
+    Ok(())
 }
 
 impl ProbeConf {
@@ -83,12 +142,20 @@ impl ProbeConf {
             return Ok(ProbeConf::default());
         };
         let d = ProbeSpec::default();
-        let count = raw.count.unwrap_or(d.count);
-        if count > 10 {
-            return Err(CniError::invalid_config(format!(
-                "probe.count {count} is too many: use 0 (off) to 10"
-            )));
-        }
+        let count = match raw.count {
+            None => d.count,
+            Some(0) => {
+                return Err(CniError::invalid_config(
+                    "probe.count 0 would bind addresses without asking the wire whether a live host still uses them: use 1 to 10, or set \"riskDuplicateAddresses\": true in probe to turn the check off knowingly",
+                ))
+            }
+            Some(n @ 1..=10) => n,
+            Some(n) => {
+                return Err(CniError::invalid_config(format!(
+                    "probe.count {n} is too many: use 1 to 10"
+                )))
+            }
+        };
         let interval = match raw.interval_ms {
             None => d.interval,
             Some(ms @ 10..=2000) => std::time::Duration::from_millis(ms),
@@ -101,6 +168,7 @@ impl ProbeConf {
         Ok(ProbeConf {
             spec: ProbeSpec { count, interval },
             fresh: raw.fresh.unwrap_or(false),
+            off: raw.risk_duplicate_addresses.unwrap_or(false),
         })
     }
 }
@@ -122,6 +190,7 @@ struct RawMacvlan {
 impl NetConf {
     pub fn parse(stdin: &[u8]) -> CniResult<NetConf> {
         let (common, value) = CommonConf::parse(stdin, "sticky-macvlan")?;
+        refuse_unknown_keys(&value)?;
         let raw: RawMacvlan = typed(&value, "network config")?;
         let mtu = match raw.mtu.unwrap_or(0) {
             m if (0..=i64::from(u32::MAX)).contains(&m) => m as u32,
@@ -170,22 +239,38 @@ mod tests {
     #[test]
     fn probe_settings() {
         assert_eq!(parse(base()).unwrap().probe, ProbeConf::default());
+        assert!(parse(base()).unwrap().probe.enabled());
         let c = parse(with(
             "probe",
-            json!({"count": 0, "intervalMs": 50, "fresh": true}),
+            json!({"count": 1, "intervalMs": 50, "fresh": true}),
         ))
         .unwrap();
-        assert_eq!(c.probe.spec.count, 0);
+        assert_eq!(c.probe.spec.count, 1);
         assert_eq!(c.probe.spec.interval, std::time::Duration::from_millis(50));
-        assert!(c.probe.fresh);
-        for (bad, says) in [
-            (json!({"count": 11}), "probe.count 11"),
-            (json!({"intervalMs": 5}), "probe.intervalMs 5"),
-            (json!({"intervalMs": 5000}), "probe.intervalMs 5000"),
-            (json!({"tries": 1}), "tries"),
+        assert!(c.probe.fresh && c.probe.enabled());
+        let off = parse(with("probe", json!({"riskDuplicateAddresses": true}))).unwrap();
+        assert!(!off.probe.enabled());
+        for (bad, want, says) in [
+            (
+                json!({"count": 0}),
+                code::INVALID_CONFIG,
+                "riskDuplicateAddresses",
+            ),
+            (json!({"count": 11}), code::INVALID_CONFIG, "probe.count 11"),
+            (
+                json!({"intervalMs": 5}),
+                code::INVALID_CONFIG,
+                "probe.intervalMs 5",
+            ),
+            (
+                json!({"intervalMs": 5000}),
+                code::INVALID_CONFIG,
+                "probe.intervalMs 5000",
+            ),
+            (json!({"tries": 1}), code::UNSUPPORTED_FIELD, "tries"),
         ] {
             let e = parse(with("probe", bad)).unwrap_err();
-            assert_eq!(e.code, code::INVALID_CONFIG);
+            assert_eq!(e.code, want, "{}", e.msg);
             assert!(e.msg.contains(says), "{}", e.msg);
         }
     }

@@ -22,11 +22,16 @@ pub trait Ipam {
         Ok(())
     }
     fn add(&mut self) -> CniResult<CniOutput>;
-    /// Addresses the last `add` took over from another holder (judged dead
-    /// by the store), which the wire must confirm before they are bound.
-    /// A delegate cannot say: none.
-    fn taken_over(&self) -> Vec<std::net::IpAddr> {
-        Vec::new()
+    /// Addresses of the last `add` the wire must confirm free before they
+    /// are bound. A delegate cannot say how it chose them: with
+    /// `probe.fresh` every one, else none (host-local's contract: a range
+    /// per node).
+    fn must_confirm(&self, probe_fresh: bool, allocated: &CniOutput) -> Vec<std::net::IpAddr> {
+        if probe_fresh {
+            allocated.ips.iter().map(|i| i.address.addr()).collect()
+        } else {
+            Vec::new()
+        }
     }
     /// Undoes this process's `add` after a later step of ADD failed. A
     /// delegate only knows DEL; the in-process IPAM restores exactly.
@@ -73,8 +78,8 @@ impl Ipam for StickyIpam {
     fn add(&mut self) -> CniResult<CniOutput> {
         StickyIpam::add(self)
     }
-    fn taken_over(&self) -> Vec<std::net::IpAddr> {
-        StickyIpam::taken_over(self).to_vec()
+    fn must_confirm(&self, probe_fresh: bool, _allocated: &CniOutput) -> Vec<std::net::IpAddr> {
+        StickyIpam::must_confirm(self, probe_fresh)
     }
     fn undo_add(&mut self) -> CniResult<()> {
         StickyIpam::undo_add(self)

@@ -8,4 +8,5 @@ pub mod config;
 pub mod datapath;
 pub mod install;
 pub mod ipam;
+pub mod standalone;
 pub use cni::log;

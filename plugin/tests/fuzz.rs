@@ -21,7 +21,7 @@ fn cases() -> u32 {
 }
 
 const KNOWN_CODES: &[u32] = &[
-    1, 2, 3, 4, 5, 6, 7, 11, 50, 51, 100, 101, 110, 111, 112, 113,
+    1, 2, 3, 4, 5, 6, 7, 11, 50, 51, 100, 101, 102, 110, 111, 112, 113, 114,
 ];
 
 /// A CNI error as a runtime would read it: known code, a message, and

@@ -41,6 +41,10 @@ pub struct IPClaimSpec {
     pub sticky: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<Owner>,
+    /// The namespace the identity belongs to: pods of other namespaces may
+    /// not take it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     pub created: u64,
 }
 
@@ -107,6 +111,7 @@ pub fn to_object(obj: &ClaimObject) -> IPClaim {
             identity: c.identity.clone(),
             sticky: c.sticky,
             owner: c.owner.clone(),
+            namespace: c.namespace.clone(),
             created: c.created,
         },
         status: Some(IPClaimStatus {
@@ -143,6 +148,7 @@ pub fn from_object(o: &IPClaim) -> Result<ClaimObject, String> {
             sticky: o.spec.sticky,
             holder: status.and_then(|s| s.holder.clone()),
             owner: o.spec.owner.clone(),
+            namespace: o.spec.namespace.clone(),
             created: o.spec.created,
             updated: status.map(|s| s.updated).unwrap_or(o.spec.created),
         },
@@ -169,6 +175,7 @@ mod tests {
                     name: "rs0".into(),
                     uid: "u".into(),
                 }),
+                namespace: Some("bgp".into()),
                 created: 1,
                 updated: 2,
             },

@@ -649,6 +649,7 @@ mod tests {
                 since: 1,
             }),
             owner: None,
+            namespace: None,
             created: 1,
             updated: 1,
         }

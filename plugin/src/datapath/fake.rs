@@ -262,18 +262,21 @@ impl Netlink for FakeNetlink {
         Ok(())
     }
 
-    fn arp_probe(
+    fn probe_address(
         &mut self,
         index: u32,
         _ours: Mac,
-        ip: std::net::Ipv4Addr,
+        ip: std::net::IpAddr,
         spec: super::arp::ProbeSpec,
     ) -> NlResult<Option<Mac>> {
         self.maybe_fail(
-            "arp_probe",
-            format!("arp_probe {index} {ip} x{}", spec.count),
+            "probe_address",
+            format!("probe_address {index} {ip} x{}", spec.count),
         )?;
-        Ok(self.arp_owners.get(&ip).copied())
+        Ok(match ip {
+            std::net::IpAddr::V4(v4) => self.arp_owners.get(&v4).copied(),
+            std::net::IpAddr::V6(v6) => self.ndp_owners.get(&v6).copied(),
+        })
     }
 
     fn arp_resolve(

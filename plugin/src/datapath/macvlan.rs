@@ -325,7 +325,7 @@ pub fn configure_l3(
 
     let (v4gw, v6gw) = fallback_gateways(ips);
     if v6gw.is_some() {
-        settle_addresses(nl, link)?;
+        settle_addresses(nl, link, false)?;
     }
 
     for r in routes {
@@ -350,7 +350,10 @@ pub fn configure_l3(
 }
 
 /// Waits until no IPv6 address on the link is tentative (DAD done).
-fn settle_addresses(nl: &mut dyn Netlink, link: &CreatedLink) -> CniResult<()> {
+/// `strict`: a still tentative address after the timeout fails the ADD
+/// (an address that had to be proven free on the wire); otherwise the ADD
+/// goes on without it settled.
+fn settle_addresses(nl: &mut dyn Netlink, link: &CreatedLink, strict: bool) -> CniResult<()> {
     let deadline = Instant::now() + DAD_SETTLE_TIMEOUT;
     loop {
         let addrs = nl.addresses(Ns::Pod, link.index).map_err(datapath)?;
@@ -362,6 +365,12 @@ fn settle_addresses(nl: &mut dyn Netlink, link: &CreatedLink) -> CniResult<()> {
         }
         if !addrs.iter().any(|a| a.tentative) {
             return Ok(());
+        }
+        if Instant::now() >= deadline && strict {
+            return Err(CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!("IPv6 addresses on {:?} are still tentative after {DAD_SETTLE_TIMEOUT:?}: duplicate address detection did not finish, so the address is not known to be free; kubelet retries this ADD", link.name),
+            ));
         }
         if Instant::now() >= deadline {
             log::warn(&format!("IPv6 addresses on {:?} still tentative after {DAD_SETTLE_TIMEOUT:?}; adding routes anyway", link.name));
@@ -401,14 +410,15 @@ pub fn sticky_mac(network: &str, ip: std::net::IpAddr) -> Mac {
     ]
 }
 
-/// Before IPv4 addresses taken over from another holder are bound: brings
-/// the link up without them and ARP-probes each (RFC 5227). An answer from
-/// another MAC means the old holder is still on the wire, whatever the
-/// store concluded: code 11, and the caller undoes the ADD.
+/// Before addresses the store cannot prove free are bound: brings the
+/// link up without them and asks the wire for each (ARP probe, RFC 5227;
+/// duplicate address detection, RFC 4862). An answer from another MAC means
+/// a live host still uses the address, whatever the store concluded: code
+/// 11, and the caller undoes the ADD.
 pub fn probe_addresses(
     nl: &mut dyn Netlink,
     link: &CreatedLink,
-    ips: &[std::net::Ipv4Addr],
+    ips: &[IpAddr],
     spec: super::arp::ProbeSpec,
 ) -> CniResult<()> {
     let Some(mac) = link.mac else {
@@ -419,20 +429,26 @@ pub fn probe_addresses(
     };
     nl.set_link_up(Ns::Pod, link.index).map_err(datapath)?;
     for ip in ips {
-        match nl.arp_probe(link.index, mac, *ip, spec) {
+        let how = if ip.is_ipv4() {
+            "ARP probe"
+        } else {
+            "duplicate address detection"
+        };
+        match nl.probe_address(link.index, mac, *ip, spec) {
             Ok(None) => {}
             Ok(Some(other)) => {
                 return Err(CniError::new(
                     code::TRY_AGAIN_LATER,
                     format!(
-                        "{ip} is still answered on the wire by MAC {}: its old holder may be alive (for example on a partitioned node whose pod was deleted), so the address was not bound and no claim changed; kubelet retries this ADD, which succeeds once that host is gone",
-                        format_mac(&other)
+                        "{ip} is still answered on the wire by MAC {} ({how} from {:?}): a live host uses it (for example the identity's pod on another node, or a partitioned node whose pod was deleted), so the address was not bound and no claim changed; kubelet retries this ADD, which succeeds once that host is gone",
+                        format_mac(&other),
+                        link.name
                     ),
                 ))
             }
             Err(e) => {
                 return Err(CniError::datapath(format!(
-                    "cannot probe {ip} from {:?}: {e}",
+                    "cannot run the {how} for {ip} from {:?}: {e}",
                     link.name
                 )))
             }
@@ -497,9 +513,10 @@ pub fn check_gateways(
     Ok(())
 }
 
-/// Waits out IPv6 duplicate address detection; dadfailed is code 11.
+/// Waits out the kernel's IPv6 duplicate address detection on the bound
+/// addresses; dadfailed is code 11.
 pub fn settle_ipv6(nl: &mut dyn Netlink, link: &CreatedLink) -> CniResult<()> {
-    settle_addresses(nl, link)
+    settle_addresses(nl, link, true)
 }
 
 /// DEL: removes `ifname` from the pod netns; already gone is success.

@@ -174,13 +174,15 @@ pub trait Netlink {
     /// `key` is relative to /proc/sys, e.g. "net/ipv4/conf/net1/arp_notify".
     fn read_sysctl(&mut self, ns: Ns, key: &str) -> NlResult<Option<String>>;
     fn write_sysctl(&mut self, ns: Ns, key: &str, value: &str) -> NlResult<()>;
-    /// RFC 5227 probe of `ip` from the up, address-less link `index` in
-    /// the pod netns: the MAC of another host using it, if one answers.
-    fn arp_probe(
+    /// Asks the wire whether another host uses `ip`, from the up link
+    /// `index` in the pod netns that does not have it yet: an RFC 5227 ARP
+    /// probe for IPv4, RFC 4862 duplicate address detection for IPv6. The
+    /// MAC of a host using it, if one answers.
+    fn probe_address(
         &mut self,
         index: u32,
         ours: Mac,
-        ip: std::net::Ipv4Addr,
+        ip: std::net::IpAddr,
         spec: arp::ProbeSpec,
     ) -> NlResult<Option<Mac>>;
     /// Resolves `target` by ARP from link `index` (address `our_ip`) in the

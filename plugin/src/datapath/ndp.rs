@@ -1,9 +1,12 @@
-//! IPv6 neighbour discovery for the gateway check: a neighbour
-//! solicitation for the gateway (to its solicited-node multicast group,
-//! hop limit 255, our MAC as source link-layer option) and the matching
-//! advertisement. Packets are built and read by pure functions;
-//! `resolve_here` does the socket work on the calling thread, which must
-//! be in the pod netns (the `NsWorker`).
+//! IPv6 neighbour discovery: the gateway check (a neighbour solicitation
+//! for the gateway to its solicited-node multicast group, hop limit 255,
+//! our MAC as source link-layer option, and the matching advertisement),
+//! and duplicate address detection before an address is bound (RFC 4862
+//! section 5.4: a solicitation from the unspecified address; any
+//! advertisement for the address, or another host's DAD solicitation for
+//! it, means it is in use). Packets are built and read by pure functions;
+//! `resolve_here` and `dad_probe_here` do the socket work on the calling
+//! thread, which must be in the pod netns (the `NsWorker`).
 
 use std::io;
 use std::net::Ipv6Addr;
@@ -65,6 +68,189 @@ pub fn advertised(msg: &[u8], target: Ipv6Addr) -> Option<Option<Mac>> {
         opts = &opts[len..];
     }
     Some(None)
+}
+
+const ETH_P_IPV6: u16 = 0x86dd;
+const IPPROTO_ICMPV6: u8 = 58;
+const IPV6_HEADER: usize = 40;
+
+/// The MAC an IPv6 multicast group is sent to (RFC 2464 section 7).
+pub fn multicast_mac(group: Ipv6Addr) -> Mac {
+    let o = group.octets();
+    [0x33, 0x33, o[12], o[13], o[14], o[15]]
+}
+
+/// The ICMPv6 checksum over the pseudo-header and `msg` (RFC 4443).
+fn icmpv6_checksum(src: Ipv6Addr, dst: Ipv6Addr, msg: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut add = |bytes: &[u8]| {
+        for pair in bytes.chunks(2) {
+            let hi = u32::from(pair[0]) << 8;
+            let lo = pair.get(1).map_or(0, |b| u32::from(*b));
+            sum += hi | lo;
+        }
+    };
+    add(&src.octets());
+    add(&dst.octets());
+    let len = u32::try_from(msg.len()).unwrap_or(u32::MAX);
+    add(&len.to_be_bytes());
+    add(&[0, 0, 0, IPPROTO_ICMPV6]);
+    add(msg);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// A DAD probe: the whole IPv6 packet of a neighbour solicitation for
+/// `target` from the unspecified address to its solicited-node group,
+/// without a source link-layer option (RFC 4861 section 4.3 forbids one
+/// from ::).
+pub fn dad_solicitation(target: Ipv6Addr) -> [u8; IPV6_HEADER + 24] {
+    let dst = solicited_node(target);
+    let mut icmp = [0u8; 24];
+    icmp[0] = NEIGHBOUR_SOLICITATION;
+    icmp[8..24].copy_from_slice(&target.octets());
+    let sum = icmpv6_checksum(Ipv6Addr::UNSPECIFIED, dst, &icmp);
+    icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+    let mut p = [0u8; IPV6_HEADER + 24];
+    p[0] = 0x60;
+    p[4..6].copy_from_slice(&24u16.to_be_bytes());
+    p[6] = IPPROTO_ICMPV6;
+    p[7] = 255;
+    // Source :: stays zero.
+    p[24..40].copy_from_slice(&dst.octets());
+    p[IPV6_HEADER..].copy_from_slice(&icmp);
+    p
+}
+
+/// Whether an IPv6 packet from the wire says `target` is in use: an
+/// advertisement for it, or another host's DAD solicitation for it (both
+/// of us probing at once). Returns the MAC it names, falling back to the
+/// frame's sender `from`.
+pub fn dad_conflict(packet: &[u8], target: Ipv6Addr, from: Mac) -> Option<Mac> {
+    if packet.len() < IPV6_HEADER + 24 || packet[0] >> 4 != 6 || packet[6] != IPPROTO_ICMPV6 {
+        return None;
+    }
+    let icmp = &packet[IPV6_HEADER..];
+    match icmp[0] {
+        NEIGHBOUR_ADVERTISEMENT => advertised(icmp, target).map(|mac| mac.unwrap_or(from)),
+        NEIGHBOUR_SOLICITATION => {
+            let from_unspecified = packet[8..24].iter().all(|b| *b == 0);
+            (from_unspecified && icmp[8..24] == target.octets()).then_some(from)
+        }
+        _ => None,
+    }
+}
+
+/// Runs DAD for `target` from the up interface `ifindex` (which does not
+/// have the address yet): `spec.count` solicitations `spec.interval`
+/// apart, listening after each. The MAC of a host using the address, or
+/// None. A packet socket sees the answer whatever the kernel's IPv6 state
+/// of the link, and tells us the sender; it joins every multicast group
+/// on the link while it is open, so advertisements to all-nodes and
+/// other hosts' probes reach it.
+pub fn dad_probe_here(ifindex: u32, target: Ipv6Addr, spec: ProbeSpec) -> io::Result<Option<Mac>> {
+    let proto = i32::from(ETH_P_IPV6.to_be());
+    // SAFETY: plain socket(2); the fd is owned right away.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            proto,
+        )
+    };
+    if raw < 0 {
+        return Err(last_error("open an IPv6 packet socket"));
+    }
+    // SAFETY: `raw` is a fresh, valid descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let index = i32::try_from(ifindex)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface index too large"))?;
+    // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
+    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    addr.sll_family = libc::AF_PACKET as u16;
+    addr.sll_protocol = ETH_P_IPV6.to_be();
+    addr.sll_ifindex = index;
+    // SAFETY: bind(2) with a sockaddr_ll of the right size.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            std::ptr::addr_of!(addr).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(last_error("bind the IPv6 packet socket to the interface"));
+    }
+    // SAFETY: packet_mreq is plain old data; all-zero is valid.
+    let mut mreq: libc::packet_mreq = unsafe { std::mem::zeroed() };
+    mreq.mr_ifindex = index;
+    mreq.mr_type = libc::PACKET_MR_ALLMULTI as u16;
+    // SAFETY: setsockopt(2) with a packet_mreq of the right size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_ADD_MEMBERSHIP,
+            std::ptr::addr_of!(mreq).cast(),
+            std::mem::size_of::<libc::packet_mreq>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(last_error("receive multicast on the interface"));
+    }
+    let packet = dad_solicitation(target);
+    let mut to = addr;
+    to.sll_halen = 6;
+    to.sll_addr[..6].copy_from_slice(&multicast_mac(solicited_node(target)));
+    for _ in 0..spec.count.max(1) {
+        // SAFETY: sendto(2) with a valid buffer and sockaddr_ll.
+        let rc = unsafe {
+            libc::sendto(
+                fd.as_raw_fd(),
+                packet.as_ptr().cast(),
+                packet.len(),
+                0,
+                std::ptr::addr_of!(to).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(last_error("send a DAD neighbour solicitation"));
+        }
+        let until = Instant::now() + spec.interval;
+        while super::arp::readable_before(&fd, until)? {
+            let mut buf = [0u8; 1500];
+            // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
+            let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            let mut from_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+            // SAFETY: recvfrom(2) into buffers we own, of the stated lengths.
+            let n = unsafe {
+                libc::recvfrom(
+                    fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                    std::ptr::addr_of_mut!(from).cast(),
+                    &mut from_len,
+                )
+            };
+            // Our own solicitations come back as outgoing frames.
+            let Ok(len) = usize::try_from(n) else {
+                continue;
+            };
+            if from.sll_pkttype == libc::PACKET_OUTGOING {
+                continue;
+            }
+            let mut sender = [0u8; 6];
+            sender.copy_from_slice(&from.sll_addr[..6]);
+            if let Some(mac) = dad_conflict(&buf[..len], target, sender) {
+                return Ok(Some(mac));
+            }
+        }
+    }
+    Ok(None)
 }
 
 fn set_int(fd: &OwnedFd, level: i32, name: i32, value: i32, what: &str) -> io::Result<()> {
@@ -176,6 +362,52 @@ pub fn resolve_here(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dad_probes_and_what_counts_as_a_conflict() {
+        let ours: Ipv6Addr = "fd00:59::2".parse().unwrap();
+        let p = dad_solicitation(ours);
+        assert_eq!(p[0] >> 4, 6);
+        assert_eq!(&p[8..24], &[0u8; 16], "from ::");
+        assert_eq!(&p[24..40], &solicited_node(ours).octets());
+        assert_eq!(p[40], 135);
+        assert_eq!(&p[48..64], &ours.octets());
+        assert_eq!(p.len(), 64, "no source link-layer option from ::");
+        // The checksum verifies: summing with it included gives 0.
+        assert_eq!(
+            icmpv6_checksum(Ipv6Addr::UNSPECIFIED, solicited_node(ours), &p[40..]),
+            0
+        );
+        assert_eq!(
+            multicast_mac(solicited_node(ours)),
+            [0x33, 0x33, 0xff, 0, 0, 2]
+        );
+        let wire = [2, 0, 0, 0, 0, 7];
+        // Another host probing for the same address at the same time.
+        assert_eq!(dad_conflict(&p, ours, wire), Some(wire));
+        // Its advertisement, with and without the target option.
+        let mut na = [0u8; 72];
+        na[0] = 0x60;
+        na[6] = 58;
+        na[8] = 0xfd; // from its own address
+        na[40] = 136;
+        na[48..64].copy_from_slice(&ours.octets());
+        na[64] = 2;
+        na[65] = 1;
+        na[66..72].copy_from_slice(&[2, 0, 0, 0, 0, 9]);
+        assert_eq!(dad_conflict(&na, ours, wire), Some([2, 0, 0, 0, 0, 9]));
+        assert_eq!(dad_conflict(&na[..64], ours, wire), Some(wire));
+        // Not a conflict: another address, address resolution (from a
+        // real source), a truncated or non-ICMPv6 packet.
+        assert_eq!(dad_conflict(&na, "fd00:59::3".parse().unwrap(), wire), None);
+        let mut resolution = p;
+        resolution[8] = 0xfd;
+        assert_eq!(dad_conflict(&resolution, ours, wire), None);
+        assert_eq!(dad_conflict(&p[..50], ours, wire), None);
+        let mut udp = p;
+        udp[6] = 17;
+        assert_eq!(dad_conflict(&udp, ours, wire), None);
+    }
 
     #[test]
     fn solicitations_and_advertisements() {

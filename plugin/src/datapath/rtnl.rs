@@ -550,15 +550,23 @@ impl Netlink for RtnlClient {
         }
     }
 
-    fn arp_probe(
+    fn probe_address(
         &mut self,
         index: u32,
         ours: Mac,
-        ip: std::net::Ipv4Addr,
+        ip: std::net::IpAddr,
         spec: super::arp::ProbeSpec,
     ) -> NlResult<Option<Mac>> {
-        let op = format!("ARP-probe {ip} in the pod netns");
-        self.on_pod_thread(&op, move || super::arp::probe_here(index, ours, ip, spec))
+        match ip {
+            std::net::IpAddr::V4(v4) => {
+                let op = format!("ARP-probe {v4} in the pod netns");
+                self.on_pod_thread(&op, move || super::arp::probe_here(index, ours, v4, spec))
+            }
+            std::net::IpAddr::V6(v6) => {
+                let op = format!("run duplicate address detection for {v6} in the pod netns");
+                self.on_pod_thread(&op, move || super::ndp::dad_probe_here(index, v6, spec))
+            }
+        }
     }
 
     fn arp_resolve(

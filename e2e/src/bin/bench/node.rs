@@ -442,6 +442,7 @@ fn seed_claims(from: u32, to: u32) -> Vec<Claim> {
                 since: now,
             }),
             owner: None,
+            namespace: Some("default".into()),
             created: now,
             updated: now,
         })

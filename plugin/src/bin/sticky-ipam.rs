@@ -1,15 +1,18 @@
 //! The standalone CNI IPAM plugin: `"ipam": {"type": "sticky-ipam"}` behind
 //! the reference macvlan/ipvlan. Without CNI_COMMAND and with arguments it
-//! is the operator CLI.
+//! is the operator CLI. Addresses it cannot prove free are confirmed on the
+//! wire from the interface the main plugin created (`standalone`).
 
 use std::process::ExitCode;
 
-use cni::conf::{gc_attachments, CommonConf};
-use cni::skel::{fail, log_outcome, require_verb, start_log, succeed, Invocation};
-use cni::{CniEnv, CniError, CniResult, CniVersion, Command};
 use serde_json::Value;
 use sticky_ipam::cli;
 use sticky_ipam::cni_ipam::{Attachment, StickyIpam};
+use sticky_macvlan::cni::conf::{gc_attachments, CommonConf};
+use sticky_macvlan::cni::skel::{fail, log_outcome, require_verb, start_log, succeed, Invocation};
+use sticky_macvlan::cni::{self as cni, CniEnv, CniError, CniResult, CniVersion, Command};
+use sticky_macvlan::config::ProbeConf;
+use sticky_macvlan::standalone::confirm_on_wire;
 
 const PROGRAM: &str = "sticky-ipam";
 
@@ -32,7 +35,7 @@ fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Option<Value>> {
     if env.command == Command::Version {
         return Ok(Some(cni::version::version_info()));
     }
-    let (conf, _) = CommonConf::parse(stdin, "the main plugin's type")?;
+    let (conf, whole) = CommonConf::parse(stdin, "the main plugin's type")?;
     start_log(PROGRAM, &conf, env);
     require_verb(env.command, conf.cni_version)?;
     let section = conf.ipam.as_ref().ok_or_else(|| {
@@ -43,17 +46,25 @@ fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Option<Value>> {
     })?;
     let attachment = Attachment::new(env, &conf);
     let mut ipam = StickyIpam::new(&conf.name, &section.raw, attachment)?;
+    let probe = if env.command == Command::Add {
+        ProbeConf::from_config(&whole)?
+    } else {
+        ProbeConf::default()
+    };
     let result = match env.command {
-        Command::Add => ipam
-            .add()
-            .and_then(|out| match out.to_json(conf.cni_version) {
+        Command::Add => ipam.add().and_then(|out| {
+            let answer = confirm_on_wire(env, &probe, &ipam.must_confirm(probe.fresh))
+                .and_then(|()| out.to_json(conf.cni_version));
+            match answer {
                 Ok(json) => Ok(Some(json)),
-                // Nothing may stay claimed for an answer the caller never gets.
+                // Nothing may stay claimed for an address the wire refused
+                // or an answer the caller never gets.
                 Err(e) => Err(match ipam.undo_add() {
                     Ok(()) => e,
                     Err(undo) => e.context(format!("(and undoing the claim failed: {undo})")),
                 }),
-            }),
+            }
+        }),
         Command::Del => ipam.del().map(|()| None),
         Command::Check => ipam.check().map(|()| None),
         Command::Status => ipam.status().map(|()| None),

@@ -1,0 +1,318 @@
+//! The holes a new user found, closed: two nodes with their own file
+//! stores (as two real nodes have) never hand one identity's address to a
+//! second live pod, with the shipped probe defaults, for a configured
+//! identity, a StatefulSet-style identity and on IPv6, in-process and
+//! behind the reference macvlan; and a pod of another namespace cannot take
+//! a configured identity's address.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use sticky_e2e::store::claims;
+use sticky_e2e::{
+    configs, links_in, our_ipam, reference_plugin, CniCall, CniReply, Pod, Topology, SUBNET_PREFIX,
+};
+
+const NET: &str = "macnet";
+
+fn k8s(namespace: &str, name: &str, uid: &str) -> String {
+    format!("IgnoreUnknown=true;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={uid};K8S_POD_UID={uid};IgnoreUnknown=1")
+}
+
+/// The BGP peer NAD of examples/nad-sticky-bgp-peer.yaml on the test
+/// fabric, with this node's own store; no probe key (the shipped default).
+fn bgp_peer(store: &Path) -> Value {
+    let mut conf = configs::sticky(
+        "uplink0",
+        store,
+        json!({
+            "rangeStart": format!("{SUBNET_PREFIX}.2"),
+            "rangeEnd": format!("{SUBNET_PREFIX}.9"),
+            "reservations": {"bgp-peer-a": format!("{SUBNET_PREFIX}.2")},
+        }),
+    );
+    conf["stickyMac"] = json!(true);
+    conf["args"] = json!({"cni": {"identity": "bgp-peer-a"}});
+    conf
+}
+
+fn add(topo: &Topology, node: usize, conf: &Value, pod: &Pod, args: &str) -> CniReply {
+    CniCall::new(
+        &sticky_e2e::our_plugin(),
+        &topo.node(node).netns,
+        "ADD",
+        conf.clone(),
+    )
+    .container(&pod.netns)
+    .netns(&pod.path)
+    .args(args)
+    .run()
+}
+
+/// The MAC of `ifname` in a pod, as the kernel has it.
+fn mac_in(pod: &Pod, ifname: &str) -> String {
+    let out = sticky_e2e::ip(&["-n", &pod.netns, "-j", "link", "show", ifname]);
+    let links: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    links[0]["address"].as_str().unwrap_or_default().to_string()
+}
+
+/// A refused second ADD: code 11 naming the live holder's MAC, no link
+/// left in the pod, and nothing written to the second node's store.
+#[track_caller]
+fn assert_refused_by_the_wire(reply: &CniReply, live_mac: &str, pod: &Pod, store: &Path) {
+    assert_refused_on_the_wire(reply, live_mac, store);
+    assert_eq!(
+        links_in(&pod.netns),
+        vec!["lo".to_string()],
+        "a link was left behind"
+    );
+}
+
+/// The same, for a main plugin whose own link is its business.
+#[track_caller]
+fn assert_refused_on_the_wire(reply: &CniReply, live_mac: &str, store: &Path) {
+    assert_eq!(
+        reply.code(),
+        Some(11),
+        "a second live holder was granted the address: {} {}",
+        reply.stdout,
+        reply.stderr
+    );
+    assert!(
+        reply.msg().contains(live_mac),
+        "the refusal must name the answering MAC {live_mac}: {}",
+        reply.msg()
+    );
+    let left: Vec<String> = claims(store, NET)
+        .iter()
+        .filter(|c| c.holder.is_some())
+        .map(|c| format!("{} {:?}", c.ip, c.holder))
+        .collect();
+    assert!(left.is_empty(), "the refused ADD left holders: {left:?}");
+}
+
+#[test]
+fn a_configured_identity_is_never_live_on_two_nodes_with_two_stores() {
+    let mut topo = Topology::new(2);
+    let (store1, store2) = (topo.file("node1-store"), topo.file("node2-store"));
+    let first = topo.add_pod("peer-node1");
+    let reply = add(
+        &topo,
+        0,
+        &bgp_peer(&store1),
+        &first,
+        &k8s("bgp", "speaker-0", "uid-1"),
+    );
+    assert_eq!(reply.first_address(), format!("{SUBNET_PREFIX}.2"));
+    let live_mac = mac_in(&first, "net1");
+
+    let second = topo.add_pod("peer-node2");
+    let started = std::time::Instant::now();
+    let refused = add(
+        &topo,
+        1,
+        &bgp_peer(&store2),
+        &second,
+        &k8s("bgp", "speaker-0", "uid-2"),
+    );
+    eprintln!("refusal by the wire took {:?}", started.elapsed());
+    assert_refused_by_the_wire(&refused, &live_mac, &second, &store2);
+    assert!(topo.ping_from(&topo.router.clone(), &format!("{SUBNET_PREFIX}.2")));
+
+    // Once node1 is gone for real, node2 gets the address.
+    topo.crash_node(0, &[&first]);
+    let taken = add(
+        &topo,
+        1,
+        &bgp_peer(&store2),
+        &second,
+        &k8s("bgp", "speaker-0", "uid-2"),
+    );
+    assert_eq!(taken.first_address(), format!("{SUBNET_PREFIX}.2"));
+}
+
+#[test]
+fn a_pod_name_identity_is_never_live_on_two_nodes_with_two_stores() {
+    let mut topo = Topology::new(2);
+    let (store1, store2) = (topo.file("node1-store"), topo.file("node2-store"));
+    let conf =
+        |store: &Path| configs::sticky("uplink0", store, json!({"identityPolicy": "podName"}));
+    let first = topo.add_pod("db0-node1");
+    let granted = add(
+        &topo,
+        0,
+        &conf(&store1),
+        &first,
+        &k8s("db", "db-0", "uid-1"),
+    )
+    .first_address();
+    let live_mac = mac_in(&first, "net1");
+    // node2's store has never seen db/db-0; its first free address is the
+    // same one node1's store gave (one range, two stores).
+    let second = topo.add_pod("db0-node2");
+    let refused = add(
+        &topo,
+        1,
+        &conf(&store2),
+        &second,
+        &k8s("db", "db-0", "uid-2"),
+    );
+    assert!(refused.msg().contains(&granted), "{}", refused.msg());
+    assert_refused_by_the_wire(&refused, &live_mac, &second, &store2);
+}
+
+#[test]
+fn an_ipv6_identity_is_never_live_on_two_nodes_with_two_stores() {
+    let mut topo = Topology::new(2);
+    let (store1, store2) = (topo.file("node1-store"), topo.file("node2-store"));
+    let conf = |store: &Path| {
+        let mut c = configs::sticky(
+            "uplink0",
+            store,
+            json!({
+                "subnet": "fd00:213::/64",
+                "rangeStart": "fd00:213::10",
+                "rangeEnd": "fd00:213::20",
+                "gateway": "fd00:213::1",
+                "routes": [],
+                "reservations": {"bgp-peer-a": "fd00:213::10"},
+            }),
+        );
+        c["args"] = json!({"cni": {"identity": "bgp-peer-a"}});
+        c
+    };
+    let first = topo.add_pod("v6-node1");
+    assert_eq!(
+        add(
+            &topo,
+            0,
+            &conf(&store1),
+            &first,
+            &k8s("bgp", "speaker-0", "uid-1")
+        )
+        .first_address(),
+        "fd00:213::10"
+    );
+    let live_mac = mac_in(&first, "net1");
+    let second = topo.add_pod("v6-node2");
+    let refused = add(
+        &topo,
+        1,
+        &conf(&store2),
+        &second,
+        &k8s("bgp", "speaker-0", "uid-2"),
+    );
+    assert_refused_by_the_wire(&refused, &live_mac, &second, &store2);
+    topo.crash_node(0, &[&first]);
+    assert_eq!(
+        add(
+            &topo,
+            1,
+            &conf(&store2),
+            &second,
+            &k8s("bgp", "speaker-0", "uid-2")
+        )
+        .first_address(),
+        "fd00:213::10"
+    );
+}
+
+#[test]
+fn the_standalone_ipam_behind_the_reference_macvlan_is_refused_too() {
+    let mut topo = Topology::new(2);
+    let (store1, store2) = (topo.file("node1-store"), topo.file("node2-store"));
+    let conf = |store: &Path| {
+        let mut c = bgp_peer(store);
+        c["type"] = json!("macvlan");
+        c.as_object_mut().map(|o| o.remove("stickyMac"));
+        c
+    };
+    let call = |topo: &Topology, node: usize, store: &Path, pod: &Pod, uid: &str| {
+        CniCall::new(
+            &reference_plugin("macvlan"),
+            &topo.node(node).netns,
+            "ADD",
+            conf(store),
+        )
+        .container(&pod.netns)
+        .netns(&pod.path)
+        .args(&k8s("bgp", "speaker-0", uid))
+        .cni_path(&sticky_e2e::cni_path_with_ours())
+        .run()
+    };
+    assert!(our_ipam().exists());
+    let first = topo.add_pod("ref-node1");
+    assert_eq!(
+        call(&topo, 0, &store1, &first, "uid-1").first_address(),
+        format!("{SUBNET_PREFIX}.2")
+    );
+    let live_mac = mac_in(&first, "net1");
+    let second = topo.add_pod("ref-node2");
+    let refused = call(&topo, 1, &store2, &second, "uid-2");
+    // The reference macvlan passes our error on (its link is its own).
+    assert_refused_on_the_wire(&refused, &live_mac, &store2);
+}
+
+#[test]
+fn a_pod_of_another_namespace_cannot_take_a_configured_identity() {
+    let mut topo = Topology::new(1);
+    let store = topo.file("store");
+    let conf = bgp_peer(&store);
+    let first = topo.add_pod("speaker");
+    let ip = add(&topo, 0, &conf, &first, &k8s("bgp", "speaker-0", "uid-1")).first_address();
+    // The holder crashes; no DEL ever comes.
+    topo.delete_netns(&first.netns);
+
+    let evil = topo.add_pod("evil");
+    let refused = add(&topo, 0, &conf, &evil, &k8s("evil", "x", "uid-evil"));
+    assert_eq!(refused.code(), Some(114), "{}", refused.stdout);
+    for needle in ["bgp-peer-a", "\"bgp\"", "\"evil\"", "namespaces"] {
+        assert!(
+            refused.msg().contains(needle),
+            "{needle}: {}",
+            refused.msg()
+        );
+    }
+    assert_eq!(links_in(&evil.netns), vec!["lo".to_string()]);
+    let held: Vec<_> = claims(&store, NET)
+        .into_iter()
+        .filter(|c| c.identity == "bgp-peer-a")
+        .collect();
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].namespace.as_deref(), Some("bgp"));
+    assert!(
+        held[0]
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.pod_namespace.as_deref() == Some("bgp")),
+        "the claim still names the bgp pod: {:?}",
+        held[0].holder
+    );
+
+    // The operator lists the namespace: allowed from there, still not from others.
+    let mut shared = conf.clone();
+    shared["ipam"]["reservations"]["bgp-peer-a"] =
+        json!({"ip": ip, "namespaces": ["bgp", "bgp-canary"]});
+    let canary = topo.add_pod("canary");
+    assert_eq!(
+        add(
+            &topo,
+            0,
+            &shared,
+            &canary,
+            &k8s("bgp-canary", "speaker-0", "uid-c")
+        )
+        .first_address(),
+        ip
+    );
+    let other = topo.add_pod("other");
+    let refused = add(&topo, 0, &shared, &other, &k8s("evil", "x", "uid-e2"));
+    assert_eq!(refused.code(), Some(114), "{}", refused.stdout);
+    assert!(
+        refused
+            .msg()
+            .contains("ipam.reservations[\"bgp-peer-a\"].namespaces"),
+        "{}",
+        refused.msg()
+    );
+}
