@@ -868,3 +868,167 @@ fn sticky_ipam_input_table() {
         }
     }
 }
+
+const EVERY_VERSION: &[&str] = &[
+    "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+];
+
+/// A typo among our keys is refused by the real binaries in every
+/// cniVersion with code 2, the key and the key meant, and nothing is
+/// created; the keys that the spec, libcni and Multus add stay accepted.
+#[test]
+fn unknown_keys_are_refused_and_foreign_keys_accepted_in_every_version() {
+    let mut topo = Topology::new(1);
+    let pod = topo.add_pod("keys");
+    // (label, change to the plugin config, change to ipam, key, key meant)
+    let typos: Vec<(&str, Value, Value, &str, &str)> = vec![
+        (
+            "master misspelt",
+            json!({"mastre": "uplink0"}),
+            json!({}),
+            "mastre",
+            "master",
+        ),
+        (
+            "stickyMac misspelt",
+            json!({"stickyMAC": true}),
+            json!({}),
+            "stickyMAC",
+            "stickyMac",
+        ),
+        (
+            "probe key misspelt",
+            json!({"probe": {"cuont": 2}}),
+            json!({}),
+            "cuont",
+            "count",
+        ),
+        (
+            "reservations misspelt",
+            json!({}),
+            json!({"reservation": {"a": "10.213.0.20"}}),
+            "reservation",
+            "reservations",
+        ),
+        (
+            "rangeStart misspelt",
+            json!({}),
+            json!({"rangeStrat": "10.213.0.20"}),
+            "rangeStrat",
+            "rangeStart",
+        ),
+        (
+            "store misspelt",
+            json!({}),
+            json!({"stroe": {"type": "kubernetes"}}),
+            "stroe",
+            "store",
+        ),
+        (
+            "store type misspelt",
+            json!({}),
+            json!({"store": {"tpye": "kubernetes"}}),
+            "tpye",
+            "type",
+        ),
+    ];
+    for version in EVERY_VERSION {
+        for (label, plugin, ipam, key, meant) in &typos {
+            let dir = topo.file(&format!("keys-{version}-{key}"));
+            let mut conf = configs::sticky("uplink0", &dir, ipam.clone());
+            conf["cniVersion"] = json!(version);
+            configs::merge(&mut conf, plugin);
+            let reply = CniCall::new(&our_plugin(), &topo.node(0).netns, "ADD", conf)
+                .netns(&pod.path)
+                .run();
+            assert_eq!(reply.code(), Some(2), "{version} {label}: {}", reply.stdout);
+            assert_eq!(
+                reply.json.as_ref().and_then(|j| j["cniVersion"].as_str()),
+                Some(*version),
+                "{version} {label}: the error is in the caller's version"
+            );
+            assert!(
+                reply.msg().contains(&format!("{key:?}"))
+                    && reply.msg().contains(&format!("did you mean {meant:?}")),
+                "{version} {label}: {}",
+                reply.msg()
+            );
+            assert!(
+                link_names(&pod.netns).is_empty(),
+                "{version} {label}: a link was left"
+            );
+            assert!(
+                !dir.join("macnet").join("claims").exists(),
+                "{version} {label}: a claim was written"
+            );
+        }
+
+        // What others add: accepted, the attachment works, DEL cleans up.
+        let dir = topo.file(&format!("foreign-{version}"));
+        let mut conf = configs::sticky(
+            "uplink0",
+            &dir,
+            // host-local's key, accepted so a NAD converts by changing type.
+            json!({"resolvConf": "/etc/resolv.conf"}),
+        );
+        conf["cniVersion"] = json!(version);
+        configs::merge(
+            &mut conf,
+            &json!({
+                // CNI spec: a plugin configuration object's keys.
+                "capabilities": {"mac": true, "ips": true},
+                "args": {"cni": {"identity": format!("foreign-{version}")}},
+                // libcni's InjectConf: capability args.
+                "runtimeConfig": {"portMappings": []},
+                // Multus: delegateAddDeviceID.
+                "deviceID": "0000:03:00.1",
+                "pciBusID": "0000:03:00.1",
+            }),
+        );
+        let call = CniCall::new(&our_plugin(), &topo.node(0).netns, "ADD", conf.clone())
+            .container(&format!("foreign-{}", version.replace('.', "")))
+            .netns(&pod.path);
+        let reply = call.run();
+        assert!(
+            reply.success,
+            "{version}: foreign keys refused: {}",
+            reply.stdout
+        );
+        assert!(call.clone().command("DEL").run().success, "{version}: DEL");
+        assert!(
+            link_names(&pod.netns).is_empty(),
+            "{version}: DEL left a link"
+        );
+    }
+
+    // The standalone sticky-ipam receives the reference macvlan's whole
+    // config: strict inside ipam only.
+    let dir = topo.file("standalone");
+    let mut conf = configs::sticky("uplink0", &dir, json!({}));
+    conf["type"] = json!("macvlan");
+    conf["someReferenceOnlyKey"] = json!(true);
+    let standalone = |conf: Value| {
+        CniCall::new(
+            &reference_plugin("macvlan"),
+            &topo.node(0).netns,
+            "ADD",
+            conf,
+        )
+        .container("standalone")
+        .netns(&pod.path)
+        .cni_path(&sticky_e2e::cni_path_with_ours())
+        .run()
+    };
+    let reply = standalone(conf.clone());
+    assert!(reply.success, "{}", reply.stdout);
+    let mut typo = conf.clone();
+    typo["ipam"]["reservation"] = json!({"a": "10.213.0.20"});
+    ip(&["-n", &pod.netns, "link", "del", "net1"]);
+    let reply = standalone(typo);
+    assert_eq!(reply.code(), Some(2), "{}", reply.stdout);
+    assert!(
+        reply.msg().contains("did you mean \"reservations\""),
+        "{}",
+        reply.msg()
+    );
+}

@@ -275,6 +275,183 @@ mod tests {
         }
     }
 
+    fn merge(target: &mut Value, extra: &Value) {
+        if let (Some(t), Some(e)) = (target.as_object_mut(), extra.as_object()) {
+            for (k, v) in e {
+                match (t.get_mut(k), v) {
+                    (Some(old @ Value::Object(_)), Value::Object(_)) => merge(old, v),
+                    _ => {
+                        t.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every version we speak: a typo is refused the same way in each.
+    const VERSIONS: &[&str] = &[
+        "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+    ];
+
+    fn sticky_ipam() -> Value {
+        json!({"type": "sticky-ipam", "subnet": "10.0.0.0/24"})
+    }
+
+    #[test]
+    fn typos_among_our_keys_are_refused_naming_the_key_meant() {
+        // (where, the config's change, the key, the key meant)
+        let cases: Vec<(&str, Value, &str, &str)> = vec![
+            ("top level", json!({"mastre": "eth1"}), "mastre", "master"),
+            (
+                "top level",
+                json!({"stickyMAC": true}),
+                "stickyMAC",
+                "stickyMac",
+            ),
+            ("top level", json!({"moed": "bridge"}), "moed", "mode"),
+            (
+                "top level",
+                json!({"gatewaycheck": true}),
+                "gatewaycheck",
+                "gatewayCheck",
+            ),
+            (
+                "top level",
+                json!({"logfile": "/tmp/x"}),
+                "logfile",
+                "logFile",
+            ),
+            (
+                "top level",
+                json!({"linkInContainr": true}),
+                "linkInContainr",
+                "linkInContainer",
+            ),
+            ("probe", json!({"probe": {"cuont": 3}}), "cuont", "count"),
+            (
+                "probe",
+                json!({"probe": {"intervalMS": 50}}),
+                "intervalMS",
+                "intervalMs",
+            ),
+            (
+                "dns",
+                json!({"dns": {"namservers": ["10.0.0.53"]}}),
+                "namservers",
+                "nameservers",
+            ),
+        ];
+        for version in VERSIONS {
+            for (place, change, key, meant) in &cases {
+                let mut conf = with("cniVersion", json!(version));
+                conf["ipam"] = sticky_ipam();
+                merge(&mut conf, change);
+                let e = parse(conf).unwrap_err();
+                assert_eq!(e.code, code::UNSUPPORTED_FIELD, "{version} {place}: {e}");
+                assert!(
+                    e.msg.contains(&format!("{key:?}"))
+                        && e.msg.contains(&format!("did you mean {meant:?}")),
+                    "{version} {place}: {}",
+                    e.msg
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn keys_others_add_to_our_config_stay_accepted() {
+        // Each key with where it comes from.
+        let foreign = json!({
+            // CNI spec: plugin configuration objects.
+            "capabilities": {"mac": true, "ips": true},
+            "args": {"cni": {"identity": "bgp-a", "labels": []}, "other": {}},
+            "dns": {"nameservers": ["10.0.0.53"], "domain": "d", "search": ["s"], "options": ["o"]},
+            // libcni's InjectConf: capability args and chained results.
+            "runtimeConfig": {"mac": "02:00:00:00:00:09", "portMappings": [], "bandwidth": {}},
+            "prevResult": {"cniVersion": "1.0.0", "interfaces": [], "ips": []},
+            // GC (spec 1.1) under both names libcni has used.
+            "cni.dev/valid-attachments": [],
+            "cni.dev/attachments": [],
+            // Multus' delegateAddDeviceID (pkg/types/conf.go).
+            "deviceID": "0000:03:00.1",
+            "pciBusID": "0000:03:00.1",
+        });
+        for version in VERSIONS {
+            let mut conf = with("cniVersion", json!(version));
+            conf["ipam"] = json!({
+                "type": "sticky-ipam",
+                "subnet": "10.0.0.0/24",
+                // host-local's key, accepted so a NAD converts as it is.
+                "resolvConf": "/etc/resolv.conf",
+                "routes": [{"dst": "0.0.0.0/0", "gw": "10.0.0.1", "mtu": 1400, "advmss": 1360, "priority": 5, "table": 100, "scope": 0}],
+                "store": {"type": "file", "dir": "/tmp/x"},
+                "reservations": {"a": {"ip": "10.0.0.5", "namespaces": ["ns"]}, "b": "10.0.0.6"},
+            });
+            merge(&mut conf, &foreign);
+            let c = parse(conf).unwrap_or_else(|e| panic!("{version}: {e}"));
+            let ipam = c.common.ipam.unwrap();
+            sticky_ipam::config::IpamConfig::parse("macnet", &ipam.raw)
+                .unwrap_or_else(|e| panic!("{version}: {e}"));
+        }
+        // A delegated IPAM's section is its own business.
+        let mut conf = base();
+        conf["ipam"] = json!({"type": "whereabouts", "range": "10.0.0.0/24", "kubernetes": {}});
+        assert!(parse(conf).is_ok());
+    }
+
+    #[test]
+    fn typos_inside_our_ipam_are_refused_naming_the_key_meant() {
+        let cases: Vec<(Value, &str, &str)> = vec![
+            (
+                json!({"reservation": {"a": "10.0.0.5"}}),
+                "reservation",
+                "reservations",
+            ),
+            (
+                json!({"rangeStrat": "10.0.0.5"}),
+                "rangeStrat",
+                "rangeStart",
+            ),
+            (json!({"stroe": {"type": "kubernetes"}}), "stroe", "store"),
+            (json!({"store": {"tpye": "kubernetes"}}), "tpye", "type"),
+            (
+                json!({"store": {"timeoutMS": 100}}),
+                "timeoutMS",
+                "timeoutMs",
+            ),
+            (
+                json!({"identityPolicey": "podName"}),
+                "identityPolicey",
+                "identityPolicy",
+            ),
+            (
+                json!({"ranges": [[{"subnet": "10.0.1.0/24", "rangEnd": "10.0.1.9"}]]}),
+                "rangEnd",
+                "rangeEnd",
+            ),
+            (json!({"routes": [{"dts": "0.0.0.0/0"}]}), "dts", "dst"),
+            (
+                json!({"reservations": {"a": {"ip": "10.0.0.5", "namespace": ["ns"]}}}),
+                "namespace",
+                "namespaces",
+            ),
+        ];
+        // The ipam section is read the same way whatever the cniVersion;
+        // e2e/tests/bad_input.rs runs these through the binaries in each.
+        for (change, key, meant) in &cases {
+            let mut ipam = sticky_ipam();
+            merge(&mut ipam, change);
+            let e = sticky_ipam::config::IpamConfig::parse("macnet", &ipam).unwrap_err();
+            assert_eq!(e.code, code::UNSUPPORTED_FIELD, "{key}: {e}");
+            assert!(
+                e.msg.contains(&format!("{key:?}"))
+                    && e.msg.contains(&format!("did you mean {meant:?}")),
+                "{}",
+                e.msg
+            );
+        }
+    }
+
     #[test]
     fn minimal_config_is_l2_bridge() {
         let c = parse(base()).unwrap();
