@@ -90,15 +90,38 @@ pub fn log(level: LogLevel, msg: &str) {
     }
     if let Some(sink) = sink {
         if let (Some(file), true) = (&sink.file, level <= sink.file_level) {
-            let ts = SystemTime::now()
+            let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs_f64())
-                .unwrap_or(0.0);
+                .unwrap_or_default();
+            let ts = rfc3339(now.as_secs(), now.subsec_millis());
             if let Ok(mut f) = file.lock() {
-                let _ = writeln!(f, "{ts:.3} {} {context}{msg}", level_name(level));
+                let _ = writeln!(f, "{ts} {} {context}{msg}", level_name(level));
             }
         }
     }
+}
+
+/// "2026-12-03T07:21:59.123Z" for a time in seconds since the epoch (UTC,
+/// the proleptic Gregorian calendar; days to a date after Howard Hinnant's
+/// civil_from_days).
+pub fn rfc3339(secs: u64, millis: u32) -> String {
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 pub fn warn(msg: &str) {
@@ -115,4 +138,17 @@ pub fn debug(msg: &str) {
 
 pub fn error(msg: &str) {
     log(LogLevel::Error, msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
+        assert_eq!(rfc3339(1_796_282_519, 123), "2026-12-03T07:21:59.123Z");
+        assert_eq!(rfc3339(4_102_444_799, 999), "2099-12-31T23:59:59.999Z");
+    }
 }

@@ -534,11 +534,49 @@ fn operator_cli_on_the_kubernetes_store() {
     );
     assert!(!ok && out.contains("still running"), "{out}");
 
-    // db-1's pod is gone (its netns too): reconcile releases its holder,
-    // and the sticky claim stays reserved for db-1.
-    api.remove_pod(NS, "db-1");
+    // db-1's netns is gone while its pod object still runs in the API:
+    // `claims` judges from the API alone unless a node is named, so its
+    // verdict does not depend on where it runs, and it says so.
     let p1_ns = p1.netns.clone();
     topo.delete_netns(&p1_ns);
+    let state_of = |json: &str, ip: &str| -> (String, String, String) {
+        let all: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+        let row = all
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["claim"]["ip"] == ip)
+            .cloned()
+            .unwrap_or_default();
+        let text = |k: &str| row[k].as_str().unwrap_or_default().to_string();
+        (text("state"), text("reason"), text("judgedFrom"))
+    };
+    let anywhere = Command::new("ip")
+        .args(["netns", "exec", &topo.node(0).netns])
+        .arg(our_plugin())
+        .args(["claims", "--json", "--kubeconfig"])
+        .arg(&api.kubeconfig)
+        .env_remove("CNI_COMMAND")
+        .output()
+        .expect("run the CLI");
+    let (state, reason, from) = state_of(&String::from_utf8_lossy(&anywhere.stdout), &ip1);
+    assert_eq!(
+        (state.as_str(), from.as_str()),
+        ("held", "the kubernetes API"),
+        "{reason}"
+    );
+    let (ok, json) = cli(&topo, &api, &["claims", "--json"]);
+    assert!(ok, "{json}");
+    let (state, reason, from) = state_of(json.lines().next().unwrap_or_default(), &ip1);
+    assert_eq!(state, "dead", "{reason}");
+    assert!(
+        reason.contains("netns") && from.starts_with("node "),
+        "{reason} / {from}"
+    );
+
+    // db-1's pod is gone too: reconcile releases its holder, and the
+    // sticky claim stays reserved for db-1.
+    api.remove_pod(NS, "db-1");
     let (ok, out) = cli(&topo, &api, &["reconcile"]);
     assert!(ok, "{out}");
     assert!(out.contains(&format!("released {ip1}")), "{out}");

@@ -316,3 +316,130 @@ fn a_pod_of_another_namespace_cannot_take_a_configured_identity() {
         refused.msg()
     );
 }
+
+fn cli(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(sticky_e2e::our_plugin())
+        .args(args)
+        .env_remove("CNI_COMMAND")
+        .output()
+        .expect("run the CLI");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// The small things a new user tripped over: hints that work, errors that
+/// say what happened, `--help` everywhere, a fixed state vocabulary,
+/// RFC 3339 log lines.
+#[test]
+fn the_operator_surface_says_what_it_means() {
+    let mut topo = Topology::new(1);
+    let store = topo.file("store");
+    let dir = store.to_string_lossy().to_string();
+    let log = topo.file("plugin.log");
+    let mut conf = configs::sticky("uplink0", &store, json!({}));
+    conf["logFile"] = json!(log);
+    conf["args"] = json!({"cni": {"identity": "db-a"}});
+    let pod = topo.add_pod("cli");
+    let ip = add(&topo, 0, &conf, &pod, &k8s("db", "a", "uid-a")).first_address();
+
+    // Every subcommand answers --help.
+    for command in [
+        "claims",
+        "release",
+        "reconcile",
+        "import-host-local",
+        "install",
+        "crd",
+    ] {
+        let (ok, out, err) = cli(&[command, "--help"]);
+        assert!(ok && out.contains(command), "{command} --help: {out}{err}");
+    }
+
+    // claims --json: a fixed vocabulary, the reason apart, and from where.
+    let (ok, out, err) = cli(&["claims", "--dir", &dir, "--json"]);
+    assert!(ok, "{err}");
+    let rows: Value = serde_json::from_str(&out).expect("claims --json");
+    let row = &rows[0];
+    assert_eq!(row["state"], "held", "{row}");
+    assert!(
+        row["reason"].as_str().is_some_and(|r| r.contains("netns")),
+        "{row}"
+    );
+    assert!(
+        row["judgedFrom"]
+            .as_str()
+            .is_some_and(|f| f.starts_with("node ")),
+        "{row}"
+    );
+    topo.delete_netns(&pod.netns);
+    let (_, out, _) = cli(&["claims", "--dir", &dir, "--json"]);
+    let rows: Value = serde_json::from_str(&out).expect("claims --json");
+    assert_eq!(rows[0]["state"], "dead", "{}", rows[0]);
+    assert!(rows[0]["reason"]
+        .as_str()
+        .is_some_and(|r| r.contains("no longer exists")));
+
+    // release --ip of an address no claim holds is an error saying so.
+    let (ok, out, err) = cli(&[
+        "release",
+        "--dir",
+        &dir,
+        "--network",
+        NET,
+        "--ip",
+        "192.0.2.7",
+    ]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("192.0.2.7") && err.contains("nothing was released"),
+        "{err}"
+    );
+
+    // A damaged record: the hint names a command that works.
+    std::fs::write(store.join(NET).join("claims").join(&ip), b"{ not json").unwrap();
+    let pod = topo.add_pod("cli-2");
+    let reply = add(&topo, 0, &conf, &pod, &k8s("db", "a", "uid-a2"));
+    assert_eq!(reply.code(), Some(110), "{}", reply.stdout);
+    let hint = reply.msg();
+    let command = hint
+        .split('`')
+        .find(|part| part.starts_with("sticky-macvlan release"))
+        .unwrap_or_else(|| panic!("no release command in {hint}"));
+    let mut args: Vec<&str> = command.split_whitespace().skip(1).collect();
+    args.extend(["--dir", &dir]);
+    let (ok, out, err) = cli(&args);
+    assert!(ok, "the hint's own command failed: {command}: {out}{err}");
+
+    // The log file's lines start with an RFC 3339 UTC time.
+    let text = std::fs::read_to_string(&log).expect("log file");
+    let first = text.lines().next().unwrap_or_default();
+    let stamp = first.split(' ').next().unwrap_or_default();
+    assert!(
+        stamp.len() == 24
+            && stamp.ends_with('Z')
+            && stamp.as_bytes()[10] == b'T'
+            && stamp.starts_with("20"),
+        "{first}"
+    );
+
+    // A missing kubeconfig is not blamed on RBAC: no request was made.
+    let mut kube = configs::sticky(
+        "uplink0",
+        &store,
+        json!({"store": {"type": "kubernetes", "kubeconfig": "/nonexistent/kubeconfig"}}),
+    );
+    kube["args"] = json!({"cni": {"identity": "db-b"}});
+    let pod = topo.add_pod("cli-3");
+    let reply = add(&topo, 0, &kube, &pod, &k8s("db", "b", "uid-b"));
+    assert!(!reply.success);
+    assert!(
+        reply.msg().contains("/nonexistent/kubeconfig")
+            && reply.msg().contains("no request was made")
+            && !reply.msg().contains("RBAC"),
+        "{}",
+        reply.msg()
+    );
+}

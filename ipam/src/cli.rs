@@ -18,7 +18,7 @@ use crate::identity::dynamic_key;
 use crate::kube::client::KubeClient;
 use crate::kube::liveness::KubeInspector;
 use crate::kube::KubeApi;
-use crate::liveness::Verdict;
+use crate::liveness::{NodeFacts, Verdict};
 use crate::store::file::FileStore;
 use crate::store::kube::{api_error, KubeStore};
 use crate::store::{Change, ClaimStore, Plan};
@@ -38,14 +38,19 @@ Claim commands (the file store under --dir, or the kubernetes store with
   import-host-local   adopt a host-local directory (--from DIR/NETWORK) into
                       --network, so a live node switches without IP conflicts
 
-Options:
+Options (`COMMAND --help` for one command's):
+";
+
+/// The options every claim command takes.
+pub const STORE_OPTIONS: &str = "\
   --dir DIR           store directory (default /var/lib/cni/sticky-ipam;
                       the ipam section's dataDir or store.dir)
   --kubeconfig PATH   use the kubernetes store (IPClaim objects) of that cluster
   --in-cluster        the same, with the pod's service account (reconcile Deployment)
   --timeout-ms MS     per-request timeout for the kubernetes API (default 10000)
   --network NAME      only this network (required by release and import)
-  --node NAME         this node's name for liveness (default: the hostname)
+  --node NAME         this node's name for liveness (file store default: the
+                      hostname; kubernetes store default: none, the API decides)
   --json              claims: print JSON instead of a table
 ";
 
@@ -189,20 +194,77 @@ impl Backend {
         }
     }
 
-    fn inspector<'a>(&'a self, node: Option<&str>) -> Box<dyn Inspector + 'a> {
-        let facts = node_facts(node);
+    /// The liveness judge and where it judges from. The file store is one
+    /// node's: its evidence is this node's. On the kubernetes store the API
+    /// alone decides unless a node is named, so `claims` run anywhere says
+    /// what any node would.
+    fn inspector<'a>(&'a self, node: Option<&str>) -> (Box<dyn Inspector + 'a>, String) {
         match self {
-            Backend::File(_) => Box::new(LocalInspector { node: facts }),
-            Backend::Kube(c) => Box::new(KubeInspector::new(c, facts)),
+            Backend::File(_) => {
+                let facts = node_facts(node);
+                let from = format!("node {}", facts.node);
+                (Box::new(LocalInspector { node: facts }), from)
+            }
+            Backend::Kube(c) => match node {
+                Some(_) => {
+                    let facts = node_facts(node);
+                    let from = format!("node {} and the kubernetes API", facts.node);
+                    (Box::new(KubeInspector::new(c, facts)), from)
+                }
+                None => (
+                    Box::new(KubeInspector::new(c, NodeFacts::default())),
+                    "the kubernetes API".to_string(),
+                ),
+            },
         }
     }
 }
 
+/// One subcommand's usage, for `COMMAND --help`.
+fn usage(command: &str) -> Option<&'static str> {
+    Some(match command {
+        "claims" => {
+            "\
+claims [--dir DIR | --kubeconfig PATH | --in-cluster] [--network NET] [--node NAME] [--json]
+  Lists every claim: network, IP, identity, sticky, holder pod and container,
+  node, state and age. STATE is one of held, dead, reserved, free, damaged;
+  --json gives each claim with \"state\", \"reason\" and \"judgedFrom\".
+  On the kubernetes store the state is judged from the API alone, as any
+  node would, so it does not depend on where the command runs; --node NAME
+  adds that node's own evidence (its netns paths), as an ADD there does."
+        }
+        "release" => {
+            "\
+release --network NET (--ip IP | --identity ID | --file NAME) [--force] [store options]
+  Removes a claim. Refused while its holder is considered alive, unless
+  --force. --file removes a damaged record named by `claims` or by an error
+  (a claim's file name, or identities/NAME, holders/NAME) and rebuilds the
+  network's indexes."
+        }
+        "reconcile" => {
+            "\
+reconcile [store options] [--network NET] [--interval SECONDS] [--keep-retired]
+  Releases every holder confirmed dead, once or every --interval seconds,
+  printing a summary line per sweep. On the kubernetes store it also retires
+  the sticky claims of deleted StatefulSets unless --keep-retired."
+        }
+        "import-host-local" => {
+            "\
+import-host-local --network NET --from /var/lib/cni/networks/NET [--dir DIR]
+  Adopts host-local's allocations of one network (the directory that holds
+  one file per address, `lock` and `last_reserved_ip.N`) as dynamic claims
+  held by their containers, and its cursors."
+        }
+        _ => return None,
+    })
+}
+
 /// Runs a CLI command; `None` when `command` is not one of ours.
 pub fn run(program: &str, command: &str, args: &[String]) -> Option<ExitCode> {
-    let known = ["claims", "release", "reconcile", "import-host-local"];
-    if !known.contains(&command) {
-        return None;
+    let usage = usage(command)?;
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{program} {usage}\n\nStore options:\n{STORE_OPTIONS}");
+        return Some(ExitCode::SUCCESS);
     }
     let opts = match parse_opts(args) {
         Ok(o) => o,
@@ -231,7 +293,7 @@ pub fn main(program: &str, args: &[String]) -> ExitCode {
     let command = args.first().map(String::as_str).unwrap_or("help");
     if matches!(command, "help" | "--help" | "-h") {
         println!(
-            "{program} {}: sticky, identity-keyed IPAM for CNI\n\nAs a CNI IPAM plugin it is run with CNI_COMMAND set and the network config on stdin.\n\nUsage: {program} <command> [options]\n\n{COMMANDS_HELP}",
+            "{program} {}: sticky, identity-keyed IPAM for CNI\n\nAs a CNI IPAM plugin it is run with CNI_COMMAND set and the network config on stdin.\n\nUsage: {program} <command> [options]\n\n{COMMANDS_HELP}{STORE_OPTIONS}",
             env!("CARGO_PKG_VERSION")
         );
         return ExitCode::SUCCESS;
@@ -256,20 +318,24 @@ fn age(since: u64, now: u64) -> String {
     }
 }
 
-fn state(claim: &Claim, inspector: &dyn Inspector) -> String {
+/// A claim's state, from a fixed vocabulary, and why.
+fn state(claim: &Claim, inspector: &dyn Inspector) -> (&'static str, String) {
     match &claim.holder {
-        None if claim.sticky => "reserved".into(),
-        None => "free".into(),
+        None if claim.sticky => (
+            "reserved",
+            "sticky, no holder: kept for its identity".into(),
+        ),
+        None => ("free", "no holder".into()),
         Some(h) => match inspector.verdict(h, None) {
-            Verdict::Alive(_) => "held".into(),
-            Verdict::Dead(why) => format!("dead ({why})"),
+            Verdict::Alive(why) => ("held", why),
+            Verdict::Dead(why) => ("dead", why),
         },
     }
 }
 
 fn claims(opts: &Opts) -> CniResult<()> {
     let backend = opts.backend()?;
-    let inspector = backend.inspector(opts.node.as_deref());
+    let (inspector, judged_from) = backend.inspector(opts.node.as_deref());
     let now = now_secs();
     let mut rows = vec![[
         "NETWORK",
@@ -289,8 +355,8 @@ fn claims(opts: &Opts) -> CniResult<()> {
         let listing = store.list()?;
         for c in &listing.claims {
             let h = c.holder.as_ref();
-            let st = state(c, inspector.as_ref());
-            json.push(serde_json::json!({"network": network, "claim": c, "state": st}));
+            let (st, reason) = state(c, inspector.as_ref());
+            json.push(serde_json::json!({"network": network, "claim": c, "state": st, "reason": reason, "judgedFrom": judged_from}));
             rows.push([
                 network.clone(),
                 c.ip.to_string(),
@@ -303,7 +369,7 @@ fn claims(opts: &Opts) -> CniResult<()> {
                 })
                 .unwrap_or_else(|| "-".into()),
                 h.map(|h| h.node.clone()).unwrap_or_else(|| "-".into()),
-                st,
+                st.to_string(),
                 age(c.updated, now),
             ]);
         }
@@ -313,7 +379,7 @@ fn claims(opts: &Opts) -> CniResult<()> {
                 .file_name()
                 .map(|n| n.to_string_lossy().to_string())
                 .unwrap_or_default();
-            json.push(serde_json::json!({"network": network, "damaged": d.path, "why": d.why}));
+            json.push(serde_json::json!({"network": network, "damaged": d.path, "state": "damaged", "reason": d.why}));
             rows.push([
                 network.clone(),
                 name,
@@ -322,15 +388,21 @@ fn claims(opts: &Opts) -> CniResult<()> {
                 "-".into(),
                 "-".into(),
                 "-".into(),
-                format!("damaged: {}", d.why),
+                "damaged".into(),
                 "-".into(),
             ]);
+            eprintln!(
+                "{network}: record {} is damaged: {}",
+                d.path.display(),
+                d.why
+            );
         }
     }
     if opts.flag("--json") {
         println!("{}", serde_json::Value::Array(json));
         return Ok(());
     }
+    eprintln!("states judged from {judged_from}");
     let widths: Vec<usize> = (0..9)
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();
@@ -356,7 +428,7 @@ fn release(opts: &Opts) -> CniResult<()> {
             ));
         };
         let mut store = FileStore::open(dir, &network)?;
-        store.remove_claim_file(name)?;
+        store.remove_record(name)?;
         store.rebuild_indexes()?;
         println!("removed record {name} of network {network} and rebuilt its indexes");
         return Ok(());
@@ -377,10 +449,21 @@ fn release(opts: &Opts) -> CniResult<()> {
         }
     };
     if targets.is_empty() {
-        println!("nothing to release on network {network}");
-        return Ok(());
+        let what = match (opts.values.get("--ip"), opts.values.get("--identity")) {
+            (Some(ip), _) => format!("no claim of network {network:?} holds {ip}"),
+            (_, Some(id)) => format!("identity {id:?} has no claim on network {network:?}"),
+            _ => String::new(),
+        };
+        let listing = store.list()?;
+        let span = match (listing.claims.first(), listing.claims.last()) {
+            (Some(lo), Some(hi)) => format!("its claims run from {} to {}", lo.ip, hi.ip),
+            _ => "it has no claims".to_string(),
+        };
+        return Err(CniError::invalid_config(format!(
+            "{what}, so nothing was released ({span}): an address outside the network's ranges is never claimed; `sticky-macvlan claims --network {network}` lists what is"
+        )));
     }
-    let inspector = backend.inspector(opts.node.as_deref());
+    let (inspector, _) = backend.inspector(opts.node.as_deref());
     if !opts.flag("--force") {
         for c in &targets {
             if let Some(h) = &c.holder {
@@ -444,7 +527,7 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
     let backend = opts.backend()?;
     let retire = matches!(backend, Backend::Kube(_)) && !opts.flag("--keep-retired");
     loop {
-        let inspector = backend.inspector(opts.node.as_deref());
+        let (inspector, _) = backend.inspector(opts.node.as_deref());
         let mut released = 0;
         let mut retired = 0;
         let mut alive = 0;

@@ -335,6 +335,26 @@ impl Planner<'_> {
                 }
             )
         };
+        // Reserved addresses nobody claimed yet are never handed out either.
+        let mut held_back: Vec<String> = self
+            .conf
+            .reservations
+            .iter()
+            .flat_map(|(id, ips)| ips.iter().map(move |ip| (id, ip)))
+            .filter(|(_, ip)| set.contains(**ip))
+            .filter(|(_, ip)| !listing.claims.iter().any(|c| c.ip == **ip))
+            .map(|(id, ip)| format!("{ip} for {id:?}"))
+            .collect();
+        held_back.sort();
+        let reserved_note = if held_back.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {} held back by ipam.reservations ({})",
+                held_back.len(),
+                held_back.join(", ")
+            )
+        };
         let damaged = listing.damaged.len();
         let damaged_note = if damaged > 0 {
             format!(", {damaged} damaged records (see `sticky-macvlan claims`)")
@@ -342,7 +362,7 @@ impl Planner<'_> {
             String::new()
         };
         Err(refuse(format!(
-            "no free address in range set {} of network {:?}{scope}: {claimed} claimed, {live} by live holders{sticky_note}{damaged_note}; widen the range, scale down, or release a sticky identity with `sticky-macvlan release --identity ID`",
+            "no free address in range set {} of network {:?}{scope}: {claimed} claimed, {live} by live holders{sticky_note}{reserved_note}{damaged_note}; widen the range, scale down, or release a sticky identity with `sticky-macvlan release --identity ID`",
             set.describe(),
             self.conf.network
         )))
@@ -789,6 +809,27 @@ mod tests {
         // With only live owners left, the sticky claims stay reserved.
         let e = add(&c, &mut s, &Retired, &req("new2", false, "f")).unwrap_err();
         assert!(e.msg.contains("reserved by sticky identities"), "{}", e.msg);
+    }
+
+    #[test]
+    fn a_full_pool_names_the_reservation_that_holds_an_address_back() {
+        let c = conf(json!({
+            "subnet": "10.0.0.0/24", "rangeStart": "10.0.0.10", "rangeEnd": "10.0.0.12",
+            "reservations": {"peer-b": "10.0.0.12"}
+        }));
+        let mut s = MemoryStore::default();
+        let alive = Alive(vec!["a", "b", "c"]);
+        add(&c, &mut s, &alive, &req("a", false, "a")).unwrap();
+        add(&c, &mut s, &alive, &req("b", false, "b")).unwrap();
+        let e = add(&c, &mut s, &alive, &req("c", false, "c")).unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert!(
+            e.msg.contains("2 claimed, 2 by live holders")
+                && e.msg
+                    .contains("1 held back by ipam.reservations (10.0.0.12 for \"peer-b\")"),
+            "{}",
+            e.msg
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use crate::claim::Holder;
 
 /// What this process knows about the node it runs on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeFacts {
     pub node: String,
     pub boot_id: String,

@@ -32,7 +32,11 @@ Set CNI_COMMAND to run as a plugin, e.g.
   echo '{{\"cniVersion\":\"1.0.0\"}}' | CNI_COMMAND=VERSION sticky-macvlan
 ",
         SUPPORTED_VERSIONS.join(", "),
-        sticky_ipam::cli::COMMANDS_HELP
+        format_args!(
+            "{}{}",
+            sticky_ipam::cli::COMMANDS_HELP,
+            sticky_ipam::cli::STORE_OPTIONS
+        )
     )
 }
 
@@ -51,6 +55,10 @@ pub fn main(args: &[String]) -> ExitCode {
             ExitCode::SUCCESS
         }
         Some("install") => crate::install::main(&args[1..]),
+        Some("crd") if args[1..].iter().any(|a| a == "--help" || a == "-h") => {
+            println!("sticky-macvlan crd\n  Prints the IPClaim CustomResourceDefinition as YAML, for kubectl apply -f -.");
+            ExitCode::SUCCESS
+        }
         Some("crd") => match serde_saphyr::to_string(&sticky_ipam::kube::crd::definition()) {
             Ok(yaml) => {
                 print!("{yaml}");

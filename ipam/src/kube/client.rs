@@ -38,7 +38,7 @@ fn runtime() -> Result<Runtime, ApiError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| ApiError::Refused(format!("cannot start the kube client runtime: {e}")))
+        .map_err(|e| ApiError::Client(format!("cannot start the kube client runtime: {e}")))
 }
 
 fn classify(what: &str, e: kube::Error) -> ApiError {
@@ -79,7 +79,7 @@ impl KubeClient {
     pub fn in_cluster(timeout: Duration) -> Result<KubeClient, ApiError> {
         let runtime = runtime()?;
         let config = Config::incluster().map_err(|e| {
-            ApiError::Refused(format!(
+            ApiError::Client(format!(
                 "no in-cluster configuration ({e}): --in-cluster works inside a pod; elsewhere pass --kubeconfig"
             ))
         })?;
@@ -89,7 +89,7 @@ impl KubeClient {
     pub fn from_kubeconfig(path: &Path, timeout: Duration) -> Result<KubeClient, ApiError> {
         let runtime = runtime()?;
         let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
-            ApiError::Refused(format!(
+            ApiError::Client(format!(
                 "cannot read kubeconfig {}: {e}: install it with `sticky-macvlan install` or fix ipam.store.kubeconfig",
                 path.display()
             ))
@@ -99,7 +99,7 @@ impl KubeClient {
                 kubeconfig,
                 &KubeConfigOptions::default(),
             ))
-            .map_err(|e| ApiError::Refused(format!("kubeconfig {}: {e}", path.display())))?;
+            .map_err(|e| ApiError::Client(format!("kubeconfig {}: {e}", path.display())))?;
         KubeClient::with_config(runtime, config, timeout)
     }
 
@@ -116,7 +116,7 @@ impl KubeClient {
             // Building the client spawns nothing but needs a runtime context.
             let _guard = runtime.enter();
             Client::try_from(config)
-                .map_err(|e| ApiError::Refused(format!("kube client for {server}: {e}")))?
+                .map_err(|e| ApiError::Client(format!("kube client for {server}: {e}")))?
         };
         Ok(KubeClient {
             runtime,

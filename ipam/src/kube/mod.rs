@@ -31,8 +31,11 @@ pub enum ApiError {
     /// No answer in time, connection refused, 5xx, 429: nothing can be
     /// concluded about the cluster.
     Unreachable(String),
-    /// Any other refusal (403, 422, a bad kubeconfig).
+    /// Any other refusal by the API server (403, 422).
     Refused(String),
+    /// No client could be built (a missing or unreadable kubeconfig, no
+    /// in-cluster configuration): no request was made.
+    Client(String),
 }
 
 impl fmt::Display for ApiError {
@@ -41,6 +44,7 @@ impl fmt::Display for ApiError {
             ApiError::Conflict(m) => write!(f, "conflict: {m}"),
             ApiError::Unreachable(m) => write!(f, "unreachable: {m}"),
             ApiError::Refused(m) => write!(f, "refused: {m}"),
+            ApiError::Client(m) => write!(f, "no client: {m}"),
         }
     }
 }

@@ -141,12 +141,33 @@ fn remove_file(path: &Path) -> CniResult<()> {
     }
 }
 
+/// The network a record belongs to (the directory above `claims/`,
+/// `identities/` or `holders/`) and the record's name for `release --file`
+/// (a claim by its file name, an index with its directory).
+fn record_name(path: &Path) -> (String, String) {
+    let name = |p: Option<&Path>| {
+        p.and_then(Path::file_name)
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default()
+    };
+    let dir = name(path.parent());
+    let file = name(Some(path));
+    let network = name(path.parent().and_then(Path::parent));
+    let record = if dir == CLAIMS {
+        file
+    } else {
+        format!("{dir}/{file}")
+    };
+    (network, record)
+}
+
 fn damaged(path: &Path, why: impl std::fmt::Display) -> CniError {
+    let (network, record) = record_name(path);
     CniError::new(
         STORE_DAMAGED,
         format!(
-            "record {} is damaged ({why}): inspect it with `sticky-macvlan claims`, then remove or repair it (`sticky-macvlan release --ip`)",
-            path.display()
+            "record {} is damaged ({why}): inspect it with `sticky-macvlan claims`, then repair it or remove it with `sticky-macvlan release --network {network} --file {record}` (the indexes are rebuilt from the claims)",
+            path.display(),
         ),
     )
 }
@@ -375,15 +396,29 @@ impl FileStore {
     }
 
     /// Removes a damaged or foreign file from the claims directory.
-    pub fn remove_claim_file(&mut self, name: &str) -> CniResult<()> {
-        if name.contains('/') || name.starts_with('.') || name.is_empty() {
+    /// Removes one record by the name a damage report gave: a claim's
+    /// file name, or `identities/NAME` / `holders/NAME` for an index.
+    pub fn remove_record(&mut self, name: &str) -> CniResult<()> {
+        let (dir, file) = match name.split_once('/') {
+            None => (CLAIMS, name),
+            Some((dir, file)) if [CLAIMS, IDENTITIES, HOLDERS].contains(&dir) => (dir, file),
+            Some(_) => ("", ""),
+        };
+        if file.is_empty() || file.contains('/') || file.starts_with('.') {
             return Err(CniError::invalid_config(format!(
-                "{name:?} is not a claim file name"
+                "{name:?} is not a record of this store: give a claim's file name (an address) or identities/NAME or holders/NAME, as `sticky-macvlan claims` and the damage report name it"
             )));
         }
-        let path = self.root.join(CLAIMS).join(name);
+        let dir = self.root.join(dir);
+        let path = dir.join(file);
+        if read_file(&path)?.is_none() {
+            return Err(CniError::invalid_config(format!(
+                "there is no record {name:?} in {}",
+                self.root.display()
+            )));
+        }
         remove_file(&path)?;
-        fsync_dir(&self.root.join(CLAIMS))
+        fsync_dir(&dir)
     }
 }
 

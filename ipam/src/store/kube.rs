@@ -49,6 +49,10 @@ pub fn api_error(e: ApiError) -> CniError {
             STORE_REFUSED,
             format!("kubernetes API refused the request: {m}; check the RBAC of examples/rbac.yaml and ipam.store.kubeconfig"),
         ),
+        ApiError::Client(m) => CniError::new(
+            STORE_REFUSED,
+            format!("cannot use the kubernetes store (no request was made): {m}"),
+        ),
     }
 }
 
@@ -232,7 +236,7 @@ impl<'a> KubeStore<'a> {
                     Ok(_) => {}
                     // A damaged local record is replaced by the API's truth.
                     Err(_) => {
-                        let _ = local.remove_claim_file(&super::file::claim_file_name(ip));
+                        let _ = local.remove_record(&super::file::claim_file_name(ip));
                         changes.push(Change {
                             before: None,
                             after,
