@@ -10,6 +10,12 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v ping >/dev/null || need+=(iputils-ping)
 command -v gobgpd >/dev/null || need+=(gobgpd)
 command -v bird >/dev/null || need+=(bird2)
+# A real container runtime for the import tests (which sandboxes exist is
+# read from its CRI); its service never starts on the host (see below).
+command -v containerd >/dev/null || need+=(containerd)
+command -v runc >/dev/null || need+=(runc)
+command -v gcc >/dev/null || need+=(gcc libc6-dev)
+command -v nsenter >/dev/null || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing: ${need[*]}"
     apt-get update -qq

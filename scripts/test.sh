@@ -10,6 +10,8 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 source scripts/deps.sh
+# crictl and the pause image, from the pins in e2e/tools (cached).
+bash scripts/tools.sh
 
 # The example manifests against the Kubernetes schemas, offline (the
 # validator from PyPI carries the schemas; custom kinds such as the NAD are

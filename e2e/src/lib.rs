@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod cni;
 pub mod kube;
 pub mod report;
+pub mod runtime;
 pub mod state;
 pub mod store;
 
@@ -91,6 +92,13 @@ pub fn sweep_stale() {
             unsafe { libc::kill(standin, libc::SIGKILL) };
         }
     }
+    for (process, pid) in runtime::run_processes() {
+        if !alive(pid) {
+            // SAFETY: kill has no memory preconditions.
+            unsafe { libc::kill(process, libc::SIGKILL) };
+        }
+    }
+    runtime::sweep_leftovers(|pid| !alive(pid));
 }
 
 /// Removes everything of the run with this pid, for a run that cannot
@@ -103,6 +111,13 @@ pub fn remove_run(pid: u32) {
             unsafe { libc::kill(standin, libc::SIGKILL) };
         }
     }
+    for (process, owner) in runtime::run_processes() {
+        if owner == pid {
+            // SAFETY: kill has no memory preconditions.
+            unsafe { libc::kill(process, libc::SIGKILL) };
+        }
+    }
+    runtime::sweep_leftovers(|owner| owner == pid);
     for (name, owner) in our_netns() {
         if owner == pid {
             let _ = Command::new("ip").args(["netns", "del", &name]).output();
@@ -133,7 +148,7 @@ fn our_netns() -> Vec<(String, u32)> {
         .collect()
 }
 
-fn run_pid(after_prefix: &str) -> u32 {
+pub(crate) fn run_pid(after_prefix: &str) -> u32 {
     after_prefix
         .split('-')
         .next()

@@ -443,3 +443,122 @@ fn the_operator_surface_says_what_it_means() {
         reply.msg()
     );
 }
+
+/// Migration from host-local: the parent directory is refused naming the
+/// layout; imported holders carry no netns, so the container runtime
+/// (a real containerd with its CRI) says whether their sandbox exists:
+/// reconcile frees the stale entry and keeps the live one.
+#[test]
+fn imported_host_local_holders_are_judged_by_the_container_runtime() {
+    let topo = Topology::new(1);
+    let runtime = sticky_e2e::runtime::Containerd::start(&topo, 0);
+    let socket = runtime.socket.to_string_lossy().to_string();
+    let live = runtime.run_sandbox("db", "db-0", "uid-db-0");
+    let gone = runtime.run_sandbox("db", "db-1", "uid-db-1");
+    // kubelet removed this sandbox; its DEL never reached host-local.
+    runtime.remove_sandbox(&gone);
+
+    let host_local = topo.file("host-local");
+    let net_dir = host_local.join(NET);
+    std::fs::create_dir_all(&net_dir).unwrap();
+    let (live_ip, gone_ip) = (format!("{SUBNET_PREFIX}.10"), format!("{SUBNET_PREFIX}.11"));
+    std::fs::write(net_dir.join(&live_ip), format!("{live}\r\nnet1")).unwrap();
+    std::fs::write(net_dir.join(&gone_ip), format!("{gone}\r\nnet1")).unwrap();
+    std::fs::write(net_dir.join("last_reserved_ip.0"), &gone_ip).unwrap();
+    std::fs::write(net_dir.join("lock"), "").unwrap();
+    let store = topo.file("store");
+    let dir = store.to_string_lossy().to_string();
+
+    // The parent directory: refused, naming the layout and the path meant.
+    let parent = host_local.to_string_lossy().to_string();
+    let (ok, out, err) = cli(&[
+        "import-host-local",
+        "--network",
+        NET,
+        "--from",
+        &parent,
+        "--dir",
+        &dir,
+        "--cri-socket",
+        &socket,
+    ]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("parent")
+            && err.contains(&net_dir.to_string_lossy().to_string())
+            && err.contains("last_reserved_ip"),
+        "{err}"
+    );
+    assert!(
+        !store.join(NET).exists(),
+        "a refused import created a store"
+    );
+
+    let from = net_dir.to_string_lossy().to_string();
+    let (ok, out, err) = cli(&[
+        "import-host-local",
+        "--network",
+        NET,
+        "--from",
+        &from,
+        "--dir",
+        &dir,
+        "--cri-socket",
+        &socket,
+    ]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("imported 2")
+            && out.contains("has 1 of these sandboxes")
+            && out.contains(&gone_ip),
+        "{out}"
+    );
+    let imported = claims(&store, NET);
+    let live_claim = imported
+        .iter()
+        .find(|c| c.ip.to_string() == live_ip)
+        .expect("live claim");
+    let holder = live_claim.holder.as_ref().expect("held");
+    assert_eq!(
+        (
+            holder.pod_namespace.as_deref(),
+            holder.pod_name.as_deref(),
+            holder.pod_uid.as_deref()
+        ),
+        (Some("db"), Some("db-0"), Some("uid-db-0")),
+        "the import records the sandbox's pod from the runtime"
+    );
+
+    // reconcile asks the runtime: the stale entry goes, the live one stays.
+    let (ok, out, err) = cli(&["reconcile", "--dir", &dir, "--cri-socket", &socket]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains(&format!("released {gone_ip}")) && out.contains("has no pod sandbox"),
+        "{out}"
+    );
+    assert!(
+        out.contains("1 dead holders released") && out.contains("1 live holders kept"),
+        "{out}"
+    );
+    let left: Vec<String> = claims(&store, NET)
+        .iter()
+        .map(|c| c.ip.to_string())
+        .collect();
+    assert_eq!(left, vec![live_ip.clone()]);
+
+    // Without a runtime to ask, nothing is concluded: the holder is kept.
+    let (ok, out, _) = cli(&[
+        "reconcile",
+        "--dir",
+        &dir,
+        "--cri-socket",
+        "/nonexistent/cri.sock",
+    ]);
+    assert!(ok && out.contains("0 dead holders released"), "{out}");
+
+    // Once kubelet removes the live sandbox too, it is freed.
+    runtime.remove_sandbox(&live);
+    let (ok, out, _) = cli(&["reconcile", "--dir", &dir, "--cri-socket", &socket]);
+    assert!(ok && out.contains(&format!("released {live_ip}")), "{out}");
+    assert!(claims(&store, NET).is_empty());
+}

@@ -13,6 +13,7 @@ use cni::{CniError, CniResult};
 
 use crate::claim::{now_secs, Claim, Holder};
 use crate::config::DEFAULT_STORE_DIR;
+use crate::cri::SandboxRuntime;
 use crate::engine::{plan_reconcile, plan_retire, Inspector, Released};
 use crate::identity::dynamic_key;
 use crate::kube::client::KubeClient;
@@ -51,6 +52,9 @@ pub const STORE_OPTIONS: &str = "\
   --network NAME      only this network (required by release and import)
   --node NAME         this node's name for liveness (file store default: the
                       hostname; kubernetes store default: none, the API decides)
+  --cri-socket PATH   the container runtime's CRI socket, asked whether the
+                      sandbox of an imported host-local holder still exists
+                      (default /run/containerd/containerd.sock; \"\" asks none)
   --json              claims: print JSON instead of a table
 ";
 
@@ -62,7 +66,8 @@ struct Opts {
     flags: Vec<String>,
 }
 
-const VALUE_OPTS: [&str; 10] = [
+const VALUE_OPTS: [&str; 11] = [
+    "--cri-socket",
     "--dir",
     "--kubeconfig",
     "--timeout-ms",
@@ -107,6 +112,15 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
 impl Opts {
     fn flag(&self, f: &str) -> bool {
         self.flags.iter().any(|x| x == f)
+    }
+
+    /// The CRI socket that judges holders without a netns ("" for none).
+    fn cri_socket(&self) -> Option<PathBuf> {
+        match self.values.get("--cri-socket").map(String::as_str) {
+            None => Some(PathBuf::from(crate::cri::DEFAULT_CRI_SOCKET)),
+            Some("") => None,
+            Some(path) => Some(PathBuf::from(path)),
+        }
     }
 
     fn backend(&self) -> CniResult<Backend> {
@@ -198,12 +212,16 @@ impl Backend {
     /// node's: its evidence is this node's. On the kubernetes store the API
     /// alone decides unless a node is named, so `claims` run anywhere says
     /// what any node would.
-    fn inspector<'a>(&'a self, node: Option<&str>) -> (Box<dyn Inspector + 'a>, String) {
+    fn inspector<'a>(
+        &'a self,
+        node: Option<&str>,
+        cri: Option<PathBuf>,
+    ) -> (Box<dyn Inspector + 'a>, String) {
         match self {
             Backend::File(_) => {
                 let facts = node_facts(node);
                 let from = format!("node {}", facts.node);
-                (Box::new(LocalInspector { node: facts }), from)
+                (Box::new(LocalInspector::new(facts, cri.as_deref())), from)
             }
             Backend::Kube(c) => match node {
                 Some(_) => {
@@ -335,7 +353,7 @@ fn state(claim: &Claim, inspector: &dyn Inspector) -> (&'static str, String) {
 
 fn claims(opts: &Opts) -> CniResult<()> {
     let backend = opts.backend()?;
-    let (inspector, judged_from) = backend.inspector(opts.node.as_deref());
+    let (inspector, judged_from) = backend.inspector(opts.node.as_deref(), opts.cri_socket());
     let now = now_secs();
     let mut rows = vec![[
         "NETWORK",
@@ -463,7 +481,7 @@ fn release(opts: &Opts) -> CniResult<()> {
             "{what}, so nothing was released ({span}): an address outside the network's ranges is never claimed; `sticky-macvlan claims --network {network}` lists what is"
         )));
     }
-    let (inspector, _) = backend.inspector(opts.node.as_deref());
+    let (inspector, _) = backend.inspector(opts.node.as_deref(), opts.cri_socket());
     if !opts.flag("--force") {
         for c in &targets {
             if let Some(h) = &c.holder {
@@ -527,7 +545,7 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
     let backend = opts.backend()?;
     let retire = matches!(backend, Backend::Kube(_)) && !opts.flag("--keep-retired");
     loop {
-        let (inspector, _) = backend.inspector(opts.node.as_deref());
+        let (inspector, _) = backend.inspector(opts.node.as_deref(), opts.cri_socket());
         let mut released = 0;
         let mut retired = 0;
         let mut alive = 0;
@@ -608,9 +626,16 @@ fn import_host_local(opts: &Opts) -> CniResult<()> {
             "import-host-local needs --from DIR/NETWORK (host-local's dataDir and network, e.g. /var/lib/cni/networks/fabric)",
         )
     })?;
+    check_host_local_dir(&from, &network)?;
     let entries = std::fs::read_dir(&from)
         .map_err(|e| CniError::io(format!("cannot read {}: {e}", from.display())))?;
     let node = node_facts(opts.node.as_deref());
+    let runtime = opts
+        .cri_socket()
+        .map(|s| crate::cri::CriClient::new(&s, Duration::from_secs(5)));
+    let mut in_runtime = 0usize;
+    let mut not_in_runtime = Vec::new();
+    let mut runtime_error = None;
     let now = now_secs();
     if opts.values.contains_key("--kubeconfig") || opts.flag("--in-cluster") {
         return Err(CniError::invalid_config(
@@ -649,6 +674,26 @@ fn import_host_local(opts: &Opts) -> CniResult<()> {
             }
             continue;
         }
+        // The pod behind the sandbox, from the runtime, so the claim names
+        // it; a sandbox the runtime no longer has is freed by liveness.
+        let pod = match runtime.as_ref().map(|r| r.sandbox(&container_id)) {
+            Some(crate::cri::SandboxState::Present(s)) => {
+                in_runtime += 1;
+                Some(s)
+            }
+            Some(crate::cri::SandboxState::Absent) => {
+                not_in_runtime.push(ip);
+                None
+            }
+            Some(crate::cri::SandboxState::Unknown(why)) => {
+                runtime_error = Some(why);
+                None
+            }
+            None => None,
+        };
+        let known = |f: fn(&crate::cri::Sandbox) -> &String| {
+            pod.as_ref().map(f).filter(|v| !v.is_empty()).cloned()
+        };
         plan.changes.push(Change {
             before: None,
             after: Some(Claim {
@@ -660,9 +705,9 @@ fn import_host_local(opts: &Opts) -> CniResult<()> {
                     ifname,
                     netns: String::new(),
                     netns_id: None,
-                    pod_namespace: None,
-                    pod_name: None,
-                    pod_uid: None,
+                    pod_namespace: known(|s| &s.namespace),
+                    pod_name: known(|s| &s.name),
+                    pod_uid: known(|s| &s.uid),
                     node: node.node.clone(),
                     boot_id: node.boot_id.clone(),
                     since: now,
@@ -683,15 +728,125 @@ fn import_host_local(opts: &Opts) -> CniResult<()> {
         plan.changes.len(),
         from.display()
     );
+    if let Some(r) = &runtime {
+        match &runtime_error {
+            Some(why) => println!(
+                "{} could not be asked about the sandboxes ({why}): the imported holders stay held until their DEL, or until reconcile can ask it",
+                r.describe()
+            ),
+            None => println!(
+                "{} has {in_runtime} of these sandboxes; {} are gone and are freed by the next reconcile or ADD that needs them{}",
+                r.describe(),
+                not_in_runtime.len(),
+                if not_in_runtime.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " ({})",
+                        not_in_runtime.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(", ")
+                    )
+                }
+            ),
+        }
+    }
     for s in &skipped {
         println!("skipped {s}");
     }
     Ok(())
 }
 
+/// Whether a directory entry name is one host-local writes in a network's
+/// directory: an address, its lock, or a range set's cursor.
+fn is_host_local_entry(name: &str) -> bool {
+    name == "lock" || name.starts_with("last_reserved_ip.") || name.parse::<IpAddr>().is_ok()
+}
+
+/// `--from` must be one network's host-local directory; its parent (or
+/// any other directory) is refused naming the layout, so a wrong path never
+/// creates an empty store.
+fn check_host_local_dir(from: &std::path::Path, network: &str) -> CniResult<()> {
+    let names = |dir: &std::path::Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .collect()
+    };
+    if !from.is_dir() {
+        return Err(CniError::invalid_config(format!(
+            "--from {} is not a directory: give host-local's directory of the network, {}/{network} by default",
+            from.display(),
+            HOST_LOCAL_DEFAULT_DIR
+        )));
+    }
+    if names(from).iter().any(|n| is_host_local_entry(n)) {
+        return Ok(());
+    }
+    let mut networks: Vec<String> = names(from)
+        .into_iter()
+        .filter(|n| names(&from.join(n)).iter().any(|c| is_host_local_entry(c)))
+        .collect();
+    networks.sort();
+    let layout = "one file per allocated address (named by the address, holding the container ID and ifname), `lock` and `last_reserved_ip.N`";
+    Err(CniError::invalid_config(if networks.is_empty() {
+        format!(
+            "--from {} holds no host-local allocations: host-local keeps {layout} in DATADIR/NETWORK ({}/{network} by default); nothing was imported",
+            from.display(),
+            HOST_LOCAL_DEFAULT_DIR
+        )
+    } else {
+        format!(
+            "--from {} is the parent of host-local's network directories ({}): give the network's own directory, e.g. --from {}, which holds {layout}; nothing was imported",
+            from.display(),
+            networks.join(", "),
+            from.join(networks.iter().find(|n| *n == network).unwrap_or(&networks[0])).display()
+        )
+    }))
+}
+
+/// host-local's default dataDir.
+const HOST_LOCAL_DEFAULT_DIR: &str = "/var/lib/cni/networks";
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_host_local_network_directory_is_imported() {
+        let root = std::env::temp_dir().join(format!("smv-import-{}", std::process::id()));
+        let net = root.join("fabric");
+        std::fs::create_dir_all(&net).unwrap();
+        std::fs::write(net.join("10.0.0.5"), "c1\r\nnet1").unwrap();
+        std::fs::write(net.join("lock"), "").unwrap();
+        assert!(check_host_local_dir(&net, "fabric").is_ok());
+        let e = check_host_local_dir(&root, "fabric").unwrap_err();
+        assert!(
+            e.msg.contains("parent") && e.msg.contains("--from") && e.msg.contains("fabric"),
+            "{}",
+            e.msg
+        );
+        let empty = root.join("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        let e = check_host_local_dir(&empty, "fabric").unwrap_err();
+        assert!(
+            e.msg.contains("holds no host-local allocations"),
+            "{}",
+            e.msg
+        );
+        assert!(check_host_local_dir(&root.join("missing"), "fabric").is_err());
+        for (name, host_local) in [
+            ("10.0.0.5", true),
+            ("fd00::5", true),
+            ("lock", true),
+            ("last_reserved_ip.0", true),
+            ("fabric", false),
+            ("README", false),
+        ] {
+            assert_eq!(is_host_local_entry(name), host_local, "{name}");
+        }
+        let _ = std::fs::remove_dir_all(&root);
+    }
 
     #[test]
     fn host_local_records_both_formats() {

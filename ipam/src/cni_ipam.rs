@@ -367,9 +367,8 @@ impl StickyIpam {
         let (plan, grants) = match self.conf.store {
             StoreKind::File => {
                 let mut store = self.open()?;
-                let inspector = LocalInspector {
-                    node: self.node.clone(),
-                };
+                let inspector =
+                    LocalInspector::new(self.node.clone(), self.conf.cri_socket.as_deref());
                 let conf = &self.conf;
                 with_retries(&mut store, "ADD", |s| plan_add(conf, s, &inspector, &req))?
             }

@@ -133,6 +133,10 @@ pub struct IpamConfig {
     pub store: StoreKind,
     pub node_name: Option<String>,
     pub max_scan: u128,
+    /// The container runtime's CRI socket, asked whether the sandbox of a
+    /// holder with no netns (adopted from host-local) still exists; None
+    /// when `criSocket` is "" (such holders then stay held).
+    pub cri_socket: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -207,6 +211,7 @@ struct RawIpam {
     store: Option<RawStore>,
     node_name: Option<String>,
     max_scan: Option<u64>,
+    cri_socket: Option<String>,
 }
 
 /// A DNS-1123 label, what a Kubernetes namespace name is.
@@ -347,6 +352,7 @@ const IPAM_KEYS: &[&str] = &[
     "store",
     "nodeName",
     "maxScan",
+    "criSocket",
 ];
 
 /// host-local keys accepted so a NAD converts by changing `type`, with no
@@ -621,6 +627,17 @@ impl IpamConfig {
             Some(n) => u128::from(n),
         };
 
+        let cri_socket = match raw.cri_socket.as_deref() {
+            None => Some(PathBuf::from(crate::cri::DEFAULT_CRI_SOCKET)),
+            Some("") => None,
+            Some(path) if path.starts_with('/') => Some(PathBuf::from(path)),
+            Some(path) => {
+                return Err(bad(format!(
+                    "ipam.criSocket {path:?} must be an absolute path (or \"\" to ask no runtime)"
+                )))
+            }
+        };
+
         Ok(IpamConfig {
             network: network.to_string(),
             range_sets,
@@ -634,6 +651,7 @@ impl IpamConfig {
             store: store_kind,
             node_name: raw.node_name.filter(|n| !n.is_empty()),
             max_scan,
+            cri_socket,
         })
     }
 

@@ -3,6 +3,7 @@ pub mod claim;
 pub mod cli;
 pub mod cni_ipam;
 pub mod config;
+pub mod cri;
 pub mod engine;
 pub mod identity;
 pub mod kube;

@@ -3,6 +3,7 @@
 //! needs from the system comes in as `NodeFacts` and `NetnsState`.
 
 use crate::claim::Holder;
+use crate::cri::SandboxState;
 
 /// What this process knows about the node it runs on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -94,9 +95,89 @@ pub fn judge(
     }
 }
 
+/// Whether a holder with no netns to check (adopted from host-local,
+/// whose files name only the sandbox) is judged by the container runtime:
+/// only on the node that recorded it, in the same boot.
+pub fn needs_runtime(holder: &Holder, node: &NodeFacts, verdict: &Verdict) -> bool {
+    holder.netns.is_empty()
+        && holder.node == node.node
+        && (holder.boot_id.is_empty() || holder.boot_id == node.boot_id)
+        && !verdict.is_dead()
+}
+
+/// The verdict from what the runtime (`from`) says of the holder's
+/// sandbox: gone is dead; present, or no answer, is alive.
+pub fn judge_by_runtime(holder: &Holder, state: &SandboxState, from: &str) -> Verdict {
+    let short: String = holder.container_id.chars().take(12).collect();
+    match state {
+        SandboxState::Absent => Verdict::Dead(format!(
+            "{from} has no pod sandbox {short} any more"
+        )),
+        SandboxState::Present(s) => Verdict::Alive(format!(
+            "{from} still has its pod sandbox {short} (pod {}/{}{})",
+            s.namespace,
+            s.name,
+            if s.ready { "" } else { ", not ready" }
+        )),
+        SandboxState::Unknown(why) => Verdict::Alive(format!(
+            "it names no netns, and {from} could not be asked whether its sandbox {short} exists ({why})"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runtime_judges_holders_without_a_netns() {
+        use crate::cri::Sandbox;
+        let mut imported = holder();
+        imported.netns = String::new();
+        let here = node("n1", "b1");
+        let alive = Verdict::Alive("x".into());
+        assert!(needs_runtime(&imported, &here, &alive));
+        assert!(
+            !needs_runtime(&holder(), &here, &alive),
+            "it has a netns to check"
+        );
+        assert!(
+            !needs_runtime(&imported, &node("n2", "b1"), &alive),
+            "another node's"
+        );
+        assert!(
+            !needs_runtime(&imported, &node("n1", "b2"), &alive),
+            "an earlier boot"
+        );
+        assert!(!needs_runtime(&imported, &here, &Verdict::Dead("x".into())));
+        let from = "the container runtime at /run/cri.sock";
+        let cases = [
+            (SandboxState::Absent, true, "has no pod sandbox c1"),
+            (
+                SandboxState::Present(Sandbox {
+                    id: "c1".into(),
+                    name: "db-0".into(),
+                    namespace: "db".into(),
+                    ..Sandbox::default()
+                }),
+                false,
+                "pod db/db-0, not ready",
+            ),
+            (
+                SandboxState::Unknown("refused".into()),
+                false,
+                "could not be asked",
+            ),
+        ];
+        for (state, dead, says) in cases {
+            let v = judge_by_runtime(&imported, &state, from);
+            assert_eq!(v.is_dead(), dead, "{v:?}");
+            assert!(
+                v.reason().contains(says) && v.reason().contains(from),
+                "{v:?}"
+            );
+        }
+    }
 
     fn holder() -> Holder {
         Holder {

@@ -5,8 +5,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use crate::claim::Holder;
+use crate::cri::{CriClient, SandboxRuntime};
 use crate::engine::Inspector;
-use crate::liveness::{is_local, judge, Caller, NetnsState, NodeFacts, Verdict};
+use crate::liveness::{
+    is_local, judge, judge_by_runtime, needs_runtime, Caller, NetnsState, NodeFacts, Verdict,
+};
 
 fn read_trimmed(path: &str) -> Option<String> {
     std::fs::read_to_string(path)
@@ -51,7 +54,24 @@ pub fn netns_state(holder: &Holder) -> NetnsState {
 /// Liveness from this node's own evidence (no Kubernetes API).
 pub struct LocalInspector {
     pub node: NodeFacts,
+    /// Asked about holders that name no netns (adopted from host-local).
+    pub runtime: Option<Box<dyn SandboxRuntime>>,
 }
+
+impl LocalInspector {
+    /// This node's evidence, with the CRI runtime at `cri_socket` (None:
+    /// not asked).
+    pub fn new(node: NodeFacts, cri_socket: Option<&Path>) -> LocalInspector {
+        LocalInspector {
+            node,
+            runtime: cri_socket
+                .map(|s| Box::new(CriClient::new(s, CRI_TIMEOUT)) as Box<dyn SandboxRuntime>),
+        }
+    }
+}
+
+/// A CRI call answers in milliseconds; this bounds an ADD that asks one.
+const CRI_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Inspector for LocalInspector {
     fn verdict(&self, holder: &Holder, caller: Option<&Caller>) -> Verdict {
@@ -60,6 +80,14 @@ impl Inspector for LocalInspector {
         } else {
             NetnsState::Unknown
         };
-        judge(holder, caller, &self.node, netns)
+        let verdict = judge(holder, caller, &self.node, netns);
+        match &self.runtime {
+            Some(runtime) if needs_runtime(holder, &self.node, &verdict) => judge_by_runtime(
+                holder,
+                &runtime.sandbox(&holder.container_id),
+                &runtime.describe(),
+            ),
+            _ => verdict,
+        }
     }
 }
