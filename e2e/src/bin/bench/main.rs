@@ -9,7 +9,7 @@
 //! 5. ADD latency with 10 to 60,000 existing claims: file store, kubernetes
 //!    store (stand-in API server) and the reference with as many files.
 //! 6. Peak memory (ru_maxrss) of every plugin process the suite ran.
-//! 7. What the ARP probe adds to a takeover.
+//! 7. What the wire check (ARP probe, IPv6 DAD) adds, and how fast a live holder refuses.
 //! 8. The profile of one ADD in counts the machine's load cannot change:
 //!    callgrind instructions and strace system calls, ours and the
 //!    reference's.
@@ -285,9 +285,7 @@ fn main() {
     kube::requests_and_churn(&mut suite, &mut topo, &api);
     node::scale(&mut suite, &mut topo, &api);
     node::memory(&mut suite, &topo);
-    if !suite.opts.quick {
-        node::probe_cost(&mut suite, &mut topo);
-    }
+    node::probe_cost(&mut suite, &mut topo);
     node::profile(&mut suite, &mut topo);
 
     let command = "sudo scripts/bench.sh";

@@ -751,35 +751,73 @@ fn add_as(suite: &Suite, topo: &mut Topology, conf: &Value, id: &str, tag: &str)
     (ms(reply.elapsed), pod.netns)
 }
 
-/// Section 7: what the ARP probe adds: takeovers (the old holder's netns
-/// is gone, so nobody answers and the probe runs its full course) and
-/// fresh allocations, with the default probe and with `probe.count` 0.
+/// Section 7: what the wire check adds, on the file store (node-local:
+/// every sticky grant is probed), with the default probe against
+/// `probe.riskDuplicateAddresses`: a sticky identity's first ADD on this
+/// node, its re-ADD after its DEL (a pod restart), a takeover from a holder
+/// whose netns is gone (nobody answers, so the probe runs its full course),
+/// a dynamic allocation (not probed: host-local's contract), and how soon
+/// a refusal comes when a live holder does answer.
 pub fn probe_cost(suite: &mut Suite, topo: &mut Topology) {
-    let n = (suite.opts.runs / 3).max(5);
+    let n = if suite.opts.quick {
+        2
+    } else {
+        (suite.opts.runs / 3).max(5)
+    };
     let mut table = Table::new(
         "probe",
-        format!("7. What the ARP probe adds, {n} ADDs each, ms: default probe (3 x 100 ms) against probe.count 0"),
+        format!("7. What the wire check adds on the file store, {n} ADDs each, ms: default probe (3 x 100 ms) against probe.riskDuplicateAddresses"),
         &["ADD", "default probe", "probe off", "added"],
     );
+    #[derive(Clone, Copy, PartialEq)]
+    enum Case {
+        Fresh,
+        ReAdd,
+        Takeover,
+        Dynamic,
+    }
     let mut seq = 0usize;
-    for (label, fresh) in [
-        ("takeover (old holder gone)", false),
-        ("fresh allocation", true),
+    for (label, case) in [
+        ("sticky identity, first ADD on this node", Case::Fresh),
+        ("sticky re-ADD after its DEL (pod restart)", Case::ReAdd),
+        ("takeover (old holder's netns gone)", Case::Takeover),
+        ("dynamic allocation (not probed)", Case::Dynamic),
     ] {
         let (mut with, mut without) = (Vec::new(), Vec::new());
         for _ in 0..n {
-            for (probe, out) in [(json!({}), &mut with), (json!({"count": 0}), &mut without)] {
+            for (probe, out) in [
+                (json!({}), &mut with),
+                (json!({"riskDuplicateAddresses": true}), &mut without),
+            ] {
                 seq += 1;
                 let mut conf =
                     configs::sticky("uplink0", &topo.file(&format!("probe-{seq}")), json!({}));
                 conf["probe"] = probe;
                 let id = format!("peer-{seq}");
-                let (ms, netns) = if fresh {
-                    add_as(suite, topo, &conf, &id, &format!("pf{seq}"))
-                } else {
-                    let (_, old) = add_as(suite, topo, &conf, &id, &format!("po{seq}"));
-                    topo.delete_netns(&old);
-                    add_as(suite, topo, &conf, &id, &format!("pn{seq}"))
+                let (ms, netns) = match case {
+                    Case::Fresh => add_as(suite, topo, &conf, &id, &format!("pf{seq}")),
+                    Case::Dynamic => {
+                        let pod = topo.add_pod(&format!("pd{seq}"));
+                        let tag = format!("pd{seq}");
+                        let reply = exec(&suite.ours, "ADD", &pod.path, &conf, &tag, &tag);
+                        (ms(reply.elapsed), pod.netns)
+                    }
+                    Case::ReAdd => {
+                        let tag = format!("pr{seq}");
+                        let pod = topo.add_pod(&tag);
+                        let mut c = conf.clone();
+                        c["args"] = json!({"cni": {"identity": id}});
+                        exec(&suite.ours, "ADD", &pod.path, &c, &tag, &tag);
+                        exec(&suite.ours, "DEL", &pod.path, &c, &tag, &tag);
+                        let again =
+                            exec(&suite.ours, "ADD", &pod.path, &c, &format!("{tag}b"), &tag);
+                        (ms(again.elapsed), pod.netns)
+                    }
+                    Case::Takeover => {
+                        let (_, old) = add_as(suite, topo, &conf, &id, &format!("po{seq}"));
+                        topo.delete_netns(&old);
+                        add_as(suite, topo, &conf, &id, &format!("pn{seq}"))
+                    }
                 };
                 topo.delete_netns(&netns);
                 out.push(ms);
@@ -792,6 +830,52 @@ pub fn probe_cost(suite: &mut Suite, topo: &mut Topology) {
             json!({"case": label, "probe": w.json(), "off": wo.json()}),
         );
     }
+    // A live holder answers the first probe: the refusal's time is the
+    // ADD's own work plus one ARP round trip on the segment.
+    let mut refused = Vec::new();
+    for _ in 0..n {
+        seq += 1;
+        let live = configs::sticky(
+            "uplink0",
+            &topo.file(&format!("probe-live-{seq}")),
+            json!({}),
+        );
+        let other = configs::sticky(
+            "uplink0",
+            &topo.file(&format!("probe-other-{seq}")),
+            json!({}),
+        );
+        let id = format!("peer-{seq}");
+        let (_, holder) = add_as(suite, topo, &live, &id, &format!("pl{seq}"));
+        let tag = format!("px{seq}");
+        let pod = topo.add_pod(&tag);
+        let mut c = other.clone();
+        c["args"] = json!({"cni": {"identity": id}});
+        let reply = sticky_e2e::CniCall::new(&suite.ours, "", "ADD", c)
+            .container(&tag)
+            .netns(&pod.path)
+            .args(&super::pod_args(&tag))
+            .run();
+        assert_eq!(
+            reply.code(),
+            Some(11),
+            "a live holder must refuse: {}",
+            reply.stdout
+        );
+        refused.push(ms(reply.elapsed));
+        topo.delete_netns(&pod.netns);
+        topo.delete_netns(&holder);
+    }
+    let r = Stats::of(&refused);
+    table.row(
+        vec![
+            "refused: a live holder on another store answers".into(),
+            r.cell(),
+            "-".into(),
+            "-".into(),
+        ],
+        json!({"case": "refused by a live holder", "probe": r.json()}),
+    );
     suite.report.add(table);
 }
 
