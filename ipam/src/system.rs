@@ -91,3 +91,78 @@ impl Inspector for LocalInspector {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cri::SandboxState;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    /// A runtime that knows the listed sandboxes and records every ask.
+    struct Scripted {
+        present: Vec<&'static str>,
+        asked: Rc<RefCell<Vec<String>>>,
+    }
+
+    impl SandboxRuntime for Scripted {
+        fn sandbox(&self, id: &str) -> SandboxState {
+            self.asked.borrow_mut().push(id.to_string());
+            if self.present.contains(&id) {
+                SandboxState::Present(crate::cri::Sandbox::default())
+            } else {
+                SandboxState::Absent
+            }
+        }
+        fn describe(&self) -> String {
+            "the scripted runtime".into()
+        }
+    }
+
+    fn imported(cid: &str, node: &str) -> Holder {
+        Holder {
+            container_id: cid.into(),
+            ifname: "net1".into(),
+            netns: String::new(),
+            netns_id: None,
+            pod_namespace: None,
+            pod_name: None,
+            pod_uid: None,
+            node: node.into(),
+            boot_id: "b1".into(),
+            since: 0,
+        }
+    }
+
+    #[test]
+    fn the_runtime_is_asked_only_about_this_nodes_holders_without_a_netns() {
+        let asked = Rc::new(RefCell::new(Vec::new()));
+        let inspector = LocalInspector {
+            node: NodeFacts {
+                node: "n1".into(),
+                boot_id: "b1".into(),
+            },
+            runtime: Some(Box::new(Scripted {
+                present: vec!["live"],
+                asked: Rc::clone(&asked),
+            })),
+        };
+        assert!(inspector.verdict(&imported("gone", "n1"), None).is_dead());
+        assert!(!inspector.verdict(&imported("live", "n1"), None).is_dead());
+        // Another node's holder: this node's runtime knows nothing of it.
+        assert!(!inspector.verdict(&imported("gone", "n2"), None).is_dead());
+        // A holder with a netns is judged by its netns, not the runtime.
+        let mut with_netns = imported("gone", "n1");
+        with_netns.netns = "/proc/self/ns/net".into();
+        assert!(!inspector.verdict(&with_netns, None).is_dead());
+        assert_eq!(
+            *asked.borrow(),
+            vec!["gone".to_string(), "live".to_string()]
+        );
+        let without = LocalInspector::new(inspector.node.clone(), None);
+        assert!(
+            !without.verdict(&imported("gone", "n1"), None).is_dead(),
+            "with no runtime to ask, nothing is concluded"
+        );
+    }
+}

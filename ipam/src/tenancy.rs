@@ -1,5 +1,5 @@
-//! The namespace boundary of a sticky identity (invariant I6 in
-//! ARCHITECTURE.md). Multus lets a pod reference a NAD of another
+//! The namespace boundary of a sticky identity (ARCHITECTURE.md, "A
+//! sticky identity stays in its namespace"). Multus lets a pod reference a NAD of another
 //! namespace and put any `identity` in its `cni-args`, and a delegate is
 //! not told the NAD's namespace, so the boundary rests on what the claim
 //! records: the namespace of the pod that first claimed the identity.
