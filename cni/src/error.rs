@@ -4,7 +4,9 @@ use std::fmt;
 
 use super::version::CniVersion;
 
-/// Error codes from the CNI spec, plus our own (>= 100).
+/// Every error code we answer, defined once: the spec's, then ours
+/// (>= 100). `TABLE` lists them with their meaning; the fuzz test and the
+/// README's code table are checked against it.
 pub mod code {
     pub const INCOMPATIBLE_VERSION: u32 = 1;
     pub const UNSUPPORTED_FIELD: u32 = 2;
@@ -20,9 +22,50 @@ pub mod code {
     pub const DATAPATH: u32 = 100;
     /// A delegated IPAM plugin misbehaved (bad output, could not be run).
     pub const IPAM_DELEGATE: u32 = 101;
+    /// CHECK found the attachment different from its ADD result.
+    pub const CHECK_MISMATCH: u32 = 102;
+    /// A stored record cannot be read: named, never guessed at.
+    pub const STORE_DAMAGED: u32 = 110;
+    /// A conditional write lost a race (only seen when retries ran out
+    /// inside the plugin, or by the CLI).
+    pub const STORE_CONFLICT: u32 = 111;
+    /// The kubernetes API did not answer.
+    pub const STORE_UNREACHABLE: u32 = 112;
+    /// The kubernetes API refused a request, or no client could be built.
+    pub const STORE_REFUSED: u32 = 113;
     /// A pod asked for an identity (or its reserved address) that belongs
     /// to another namespace.
     pub const NAMESPACE_NOT_ALLOWED: u32 = 114;
+
+    /// Each code with what it means, for docs and tests.
+    pub const TABLE: &[(u32, &str)] = &[
+        (INCOMPATIBLE_VERSION, "incompatible CNI version"),
+        (
+            UNSUPPORTED_FIELD,
+            "unsupported field in network configuration",
+        ),
+        (UNKNOWN_CONTAINER, "container unknown or does not exist"),
+        (INVALID_ENV, "invalid necessary environment variables"),
+        (IO_FAILURE, "I/O failure"),
+        (DECODE_FAILURE, "failed to decode content"),
+        (INVALID_CONFIG, "invalid network config"),
+        (TRY_AGAIN_LATER, "try again later"),
+        (STATUS_UNAVAILABLE, "plugin not available"),
+        (STATUS_LIMITED_CONNECTIVITY, "limited connectivity"),
+        (DATAPATH, "a netlink operation failed"),
+        (IPAM_DELEGATE, "a delegated IPAM plugin misbehaved"),
+        (CHECK_MISMATCH, "CHECK found a difference"),
+        (STORE_DAMAGED, "a store record is damaged"),
+        (STORE_CONFLICT, "a store write lost a race"),
+        (STORE_UNREACHABLE, "the kubernetes API did not answer"),
+        (STORE_REFUSED, "the kubernetes API refused, or no client"),
+        (NAMESPACE_NOT_ALLOWED, "identity of another namespace"),
+    ];
+
+    /// Whether `code` is one we answer.
+    pub fn is_known(code: u32) -> bool {
+        TABLE.iter().any(|(c, _)| *c == code)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

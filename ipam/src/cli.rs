@@ -11,19 +11,20 @@ use std::time::Duration;
 
 use cni::{CniError, CniResult};
 
+use crate::backend::Backend;
 use crate::claim::{now_secs, Claim, Holder};
 use crate::config::DEFAULT_STORE_DIR;
 use crate::cri::SandboxRuntime;
-use crate::engine::{plan_reconcile, plan_retire, Inspector, Released};
+use crate::engine::{
+    plan_reconcile, plan_release, plan_retire, Inspector, ReleaseTarget, Released,
+};
 use crate::identity::dynamic_key;
 use crate::kube::client::KubeClient;
-use crate::kube::liveness::KubeInspector;
-use crate::kube::KubeApi;
 use crate::liveness::{NodeFacts, Verdict};
 use crate::store::file::FileStore;
-use crate::store::kube::{api_error, KubeStore};
-use crate::store::{Change, ClaimStore, Plan};
-use crate::system::{node_facts, LocalInspector};
+use crate::store::retry::with_retries;
+use crate::store::{Change, ClaimStore, Plan, PlanError, PlanResult, StoreError};
+use crate::system::node_facts;
 
 pub const COMMANDS_HELP: &str = "\
 Claim commands (the file store under --dir, or the kubernetes store with
@@ -127,7 +128,10 @@ impl Opts {
         let in_cluster = self.flag("--in-cluster");
         let path = self.values.get("--kubeconfig");
         if !in_cluster && path.is_none() {
-            return Ok(Backend::File(self.dir.clone()));
+            return Ok(Backend::File {
+                dir: self.dir.clone(),
+                cri_socket: self.cri_socket(),
+            });
         }
         let timeout = match self.values.get("--timeout-ms") {
             None => Duration::from_millis(crate::config::DEFAULT_KUBE_TIMEOUT_MS),
@@ -137,12 +141,36 @@ impl Opts {
                 ))
             })?),
         };
-        match path {
+        let client = match path {
             Some(path) => KubeClient::from_kubeconfig(std::path::Path::new(path), timeout),
             None => KubeClient::in_cluster(timeout),
         }
-        .map(Backend::Kube)
-        .map_err(api_error)
+        .map_err(StoreError::from)?;
+        Ok(Backend::Kube {
+            client: Ok(client),
+            local: None,
+        })
+    }
+
+    /// The liveness judge and where it judges from. The file store is one
+    /// node's: its evidence is this node's. On the kubernetes store the API
+    /// alone decides unless a node is named, so `claims` run anywhere says
+    /// what any node would.
+    fn inspector<'a>(&self, backend: &'a Backend) -> CniResult<(Box<dyn Inspector + 'a>, String)> {
+        let (facts, from) = match (backend.is_kube(), self.node.as_deref()) {
+            (true, None) => (NodeFacts::default(), "the kubernetes API".to_string()),
+            (true, node) => {
+                let facts = node_facts(node);
+                let from = format!("node {} and the kubernetes API", facts.node);
+                (facts, from)
+            }
+            (false, node) => {
+                let facts = node_facts(node);
+                let from = format!("node {}", facts.node);
+                (facts, from)
+            }
+        };
+        Ok((backend.inspector(facts)?, from))
     }
 
     /// The networks to act on; a named one must already have claims (a
@@ -164,77 +192,6 @@ impl Opts {
         self.network
             .clone()
             .ok_or_else(|| CniError::invalid_config(format!("{command} needs --network NAME")))
-    }
-}
-
-/// Where the CLI finds claims.
-enum Backend {
-    File(PathBuf),
-    Kube(KubeClient),
-}
-
-impl Backend {
-    fn describe(&self) -> String {
-        match self {
-            Backend::File(dir) => dir.display().to_string(),
-            Backend::Kube(c) => format!("the kubernetes API at {}", c.server()),
-        }
-    }
-
-    fn networks(&self) -> CniResult<Vec<String>> {
-        match self {
-            Backend::File(dir) => {
-                if !dir.is_dir() {
-                    return Err(CniError::invalid_config(format!(
-                        "there is no sticky-ipam store at {}: pass --dir with the ipam section's dataDir (or store.dir), or --kubeconfig for the kubernetes store",
-                        dir.display()
-                    )));
-                }
-                FileStore::networks(dir)
-            }
-            Backend::Kube(c) => {
-                let all = c.list_claims("").map_err(api_error)?;
-                let set: std::collections::BTreeSet<String> =
-                    all.into_iter().map(|o| o.network).collect();
-                Ok(set.into_iter().collect())
-            }
-        }
-    }
-
-    fn open<'a>(&'a self, network: &str) -> CniResult<Box<dyn ClaimStore + 'a>> {
-        match self {
-            Backend::File(dir) => Ok(Box::new(FileStore::open(dir, network)?)),
-            Backend::Kube(c) => Ok(Box::new(KubeStore::new(c, network, None, vec![]))),
-        }
-    }
-
-    /// The liveness judge and where it judges from. The file store is one
-    /// node's: its evidence is this node's. On the kubernetes store the API
-    /// alone decides unless a node is named, so `claims` run anywhere says
-    /// what any node would.
-    fn inspector<'a>(
-        &'a self,
-        node: Option<&str>,
-        cri: Option<PathBuf>,
-    ) -> (Box<dyn Inspector + 'a>, String) {
-        match self {
-            Backend::File(_) => {
-                let facts = node_facts(node);
-                let from = format!("node {}", facts.node);
-                (Box::new(LocalInspector::new(facts, cri.as_deref())), from)
-            }
-            Backend::Kube(c) => match node {
-                Some(_) => {
-                    let facts = node_facts(node);
-                    let from = format!("node {} and the kubernetes API", facts.node);
-                    (Box::new(KubeInspector::new(c, facts)), from)
-                }
-                None => (
-                    Box::new(KubeInspector::new(c, NodeFacts::default())),
-                    "the kubernetes API".to_string(),
-                ),
-            },
-        }
     }
 }
 
@@ -353,7 +310,7 @@ fn state(claim: &Claim, inspector: &dyn Inspector) -> (&'static str, String) {
 
 fn claims(opts: &Opts) -> CniResult<()> {
     let backend = opts.backend()?;
-    let (inspector, judged_from) = backend.inspector(opts.node.as_deref(), opts.cri_socket());
+    let (inspector, judged_from) = opts.inspector(&backend)?;
     let now = now_secs();
     let mut rows = vec![[
         "NETWORK",
@@ -369,7 +326,7 @@ fn claims(opts: &Opts) -> CniResult<()> {
     .map(String::from)];
     let mut json = Vec::new();
     for network in opts.networks(&backend)? {
-        let mut store = backend.open(&network)?;
+        let mut store = backend.open(&network, vec![])?;
         let listing = store.list()?;
         for c in &listing.claims {
             let h = c.holder.as_ref();
@@ -440,7 +397,7 @@ fn release(opts: &Opts) -> CniResult<()> {
     let backend = opts.backend()?;
     opts.networks(&backend)?;
     if let Some(name) = opts.values.get("--file") {
-        let Backend::File(dir) = &backend else {
+        let Backend::File { dir, .. } = &backend else {
             return Err(CniError::invalid_config(
                 "release --file is for damaged file-store records; in the kubernetes store delete the IPClaim with kubectl",
             ));
@@ -451,77 +408,25 @@ fn release(opts: &Opts) -> CniResult<()> {
         println!("removed record {name} of network {network} and rebuilt its indexes");
         return Ok(());
     }
-    let mut store = backend.open(&network)?;
-    let targets: Vec<Claim> = match (opts.values.get("--ip"), opts.values.get("--identity")) {
-        (Some(ip), None) => {
-            let ip: IpAddr = ip.parse().map_err(|_| {
+    let target =
+        match (opts.values.get("--ip"), opts.values.get("--identity")) {
+            (Some(ip), None) => ReleaseTarget::Address(ip.parse().map_err(|_| {
                 CniError::invalid_config(format!("--ip {ip:?} is not an IP address"))
-            })?;
-            store.claim(ip)?.into_iter().collect()
-        }
-        (None, Some(id)) => store.claims_of_identity(id)?,
-        _ => {
-            return Err(CniError::invalid_config(
-                "release needs exactly one of --ip IP, --identity ID or --file NAME",
-            ))
-        }
-    };
-    if targets.is_empty() {
-        let what = match (opts.values.get("--ip"), opts.values.get("--identity")) {
-            (Some(ip), _) => format!("no claim of network {network:?} holds {ip}"),
-            (_, Some(id)) => format!("identity {id:?} has no claim on network {network:?}"),
-            _ => String::new(),
-        };
-        let listing = store.list()?;
-        let span = match (listing.claims.first(), listing.claims.last()) {
-            (Some(lo), Some(hi)) => format!("its claims run from {} to {}", lo.ip, hi.ip),
-            _ => "it has no claims".to_string(),
-        };
-        return Err(CniError::invalid_config(format!(
-            "{what}, so nothing was released ({span}): an address outside the network's ranges is never claimed; `sticky-macvlan claims --network {network}` lists what is"
-        )));
-    }
-    let (inspector, _) = backend.inspector(opts.node.as_deref(), opts.cri_socket());
-    if !opts.flag("--force") {
-        for c in &targets {
-            if let Some(h) = &c.holder {
-                if let Verdict::Alive(why) = inspector.verdict(h, None) {
-                    return Err(CniError::new(
-                        cni::code::TRY_AGAIN_LATER,
-                        format!(
-                            "{} is held by {}, which is considered alive ({why}): stop it first, or pass --force if you know it is gone",
-                            c.ip,
-                            h.describe()
-                        ),
-                    ));
-                }
+            })?),
+            (None, Some(id)) => ReleaseTarget::Identity(id.clone()),
+            _ => {
+                return Err(CniError::invalid_config(
+                    "release needs exactly one of --ip IP, --identity ID or --file NAME",
+                ))
             }
-        }
-    }
-    let plan = Plan {
-        changes: targets
-            .iter()
-            .map(|c| Change {
-                before: Some(c.clone()),
-                after: None,
-            })
-            .collect(),
-        cursors: vec![],
-    };
-    store.commit(&plan).map_err(|e| {
-        if e.code == crate::store::kube::STORE_CONFLICT {
-            CniError::new(
-                cni::code::TRY_AGAIN_LATER,
-                format!(
-                    "the claim changed while it was being released ({}): run release again",
-                    e.msg
-                ),
-            )
-        } else {
-            e
-        }
+        };
+    let (inspector, _) = opts.inspector(&backend)?;
+    let mut store = backend.open(&network, vec![])?;
+    let force = opts.flag("--force");
+    let (_, released) = with_retries(&mut store, "release", |s| {
+        plan_release(s, inspector.as_ref(), &network, &target, force)
     })?;
-    for c in &targets {
+    for c in &released {
         println!(
             "released {} (identity {:?}) on network {network}",
             c.ip, c.identity
@@ -543,29 +448,35 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
         },
     };
     let backend = opts.backend()?;
-    let retire = matches!(backend, Backend::Kube(_)) && !opts.flag("--keep-retired");
+    let retire = backend.is_kube() && !opts.flag("--keep-retired");
     loop {
-        let (inspector, _) = backend.inspector(opts.node.as_deref(), opts.cri_socket());
+        let (inspector, _) = opts.inspector(&backend)?;
         let mut released = 0;
         let mut retired = 0;
         let mut alive = 0;
         let mut raced = Vec::new();
         let networks = opts.networks(&backend)?;
         for network in &networks {
-            let mut store = backend.open(network)?;
-            let (plan, gone, live) =
-                plan_reconcile(store.as_mut(), inspector.as_ref(), now_secs())?;
-            alive += live;
-            match commit_sweep(store.as_mut(), &plan, network, "released", &gone)? {
-                true => released += gone.len(),
-                false => raced.push(network.clone()),
+            let mut store = backend.open(network, vec![])?;
+            let swept = with_retries(&mut store, "reconcile", |s| {
+                let (plan, gone, live) = plan_reconcile(s, inspector.as_ref(), now_secs())?;
+                Ok((plan, (gone, live)))
+            });
+            match sweep_outcome(swept, network, "released")? {
+                Some((gone, live)) => {
+                    released += gone.len();
+                    alive += live;
+                }
+                None => raced.push(network.clone()),
             }
             if retire {
-                let mut store = backend.open(network)?;
-                let (plan, out) = plan_retire(store.as_mut(), inspector.as_ref())?;
-                match commit_sweep(store.as_mut(), &plan, network, "retired", &out)? {
-                    true => retired += out.len(),
-                    false => raced.push(network.clone()),
+                let swept = with_retries(&mut store, "retire", |s| {
+                    let (plan, out) = plan_retire(s, inspector.as_ref())?;
+                    Ok((plan, (out, 0)))
+                });
+                match sweep_outcome(swept, network, "retired")? {
+                    Some((out, _)) => retired += out.len(),
+                    None => raced.push(network.clone()),
                 }
             }
         }
@@ -585,30 +496,26 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
     }
 }
 
-/// Commits one sweep's plan; false when it lost a race (the next sweep
-/// sees the new state).
-fn commit_sweep(
-    store: &mut dyn ClaimStore,
-    plan: &Plan,
+/// Prints what one sweep of a network changed; None when it kept losing
+/// races (or the store stayed locked): the next sweep sees the new state.
+fn sweep_outcome(
+    swept: PlanResult<(Plan, (Vec<Released>, usize))>,
     network: &str,
     verb: &str,
-    what: &[Released],
-) -> CniResult<bool> {
-    if plan.is_empty() {
-        return Ok(true);
+) -> CniResult<Option<(Vec<Released>, usize)>> {
+    match swept {
+        Ok((_, (what, live))) => {
+            for r in &what {
+                println!(
+                    "{network}: {verb} {} of identity {:?}: {}",
+                    r.ip, r.identity, r.why
+                );
+            }
+            Ok(Some((what, live)))
+        }
+        Err(PlanError::Store(StoreError::Busy(_))) => Ok(None),
+        Err(e) => Err(e.into()),
     }
-    match store.commit(plan) {
-        Ok(()) => {}
-        Err(e) if e.code == crate::store::kube::STORE_CONFLICT => return Ok(false),
-        Err(e) => return Err(e),
-    }
-    for r in what {
-        println!(
-            "{network}: {verb} {} of identity {:?}: {}",
-            r.ip, r.identity, r.why
-        );
-    }
-    Ok(true)
 }
 
 /// host-local's record: "containerID\r\nifname" (older: "containerID").

@@ -11,20 +11,19 @@ use ipnet::IpNet;
 use serde_json::{Map, Value};
 
 use crate::addr::parse_ip_maybe_cidr;
+use crate::backend::Backend;
 use crate::claim::{now_secs, Holder};
-use crate::config::IpamConfig;
-use crate::config::StoreKind;
-use crate::engine::{plan_add, plan_del, plan_gc, plan_undo, AddRequest, Grant};
+use crate::config::{IpamConfig, StoreKind};
+use crate::engine::{plan_add, plan_degraded, plan_del, plan_gc, plan_undo, AddRequest, Grant};
 use crate::identity::{self, Identity};
-use crate::kube::client::KubeClient;
-use crate::kube::liveness::KubeInspector;
 use crate::kube::{ApiError, KubeApi, PodFacts};
 use crate::liveness::{Caller, NodeFacts};
 use crate::store::file::FileStore;
-use crate::store::kube::{self as kube_store, KubeStore, STORE_CONFLICT, STORE_UNREACHABLE};
-use crate::store::{Change, ClaimStore, Plan};
-use crate::system::{netns_id, node_facts, LocalInspector};
-use crate::wire::{needs_wire_check, Origin, StoreScope};
+use crate::store::ipclaim::node_offset;
+use crate::store::retry::with_retries;
+use crate::store::{ClaimStore, Plan, PlanError, PlanResult, StoreError};
+use crate::system::{netns_id, node_facts};
+use crate::wire::{needs_wire_check, Origin};
 
 /// One invocation's view of the attachment.
 #[derive(Debug, Clone)]
@@ -43,9 +42,8 @@ pub struct StickyIpam {
     conf: IpamConfig,
     at: Attachment,
     node: NodeFacts,
-    /// The kube client (kubernetes store only), or why it could not be
-    /// built (reported by the verb that needs it).
-    kube: Option<CniResult<KubeClient>>,
+    /// Where claims live and who judges liveness.
+    backend: Backend,
     /// The ADD request, resolved early by `prepare_add`.
     prepared: Option<AddRequest>,
     /// Set when the API did not answer while resolving the identity.
@@ -73,62 +71,6 @@ fn node_name(conf: &IpamConfig) -> Option<String> {
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
-}
-
-/// How often a plan that lost a race is planned again before ADD gives up
-/// with code 11 (kubelet retries the whole ADD later).
-const MAX_ATTEMPTS: u32 = 8;
-
-/// Plans with `plan` and commits, planning again after a conflict with
-/// a jittered, bounded backoff.
-fn with_retries<T>(
-    store: &mut dyn ClaimStore,
-    what: &str,
-    mut plan: impl FnMut(&mut dyn ClaimStore) -> CniResult<(Plan, T)>,
-) -> CniResult<(Plan, T)> {
-    let mut last = String::new();
-    for attempt in 0..MAX_ATTEMPTS {
-        let outcome = plan(store).and_then(|(p, t)| {
-            if !p.is_empty() {
-                store.commit(&p)?;
-            }
-            Ok((p, t))
-        });
-        match outcome {
-            Err(e) if e.code == STORE_CONFLICT => {
-                cni::log::debug(&format!(
-                    "{what}: attempt {} lost a race: {}",
-                    attempt + 1,
-                    e.msg
-                ));
-                last = e.msg;
-                std::thread::sleep(backoff(attempt));
-                match store.conflicted() {
-                    // The reload raced too: the next attempt reads afresh.
-                    Err(e) if e.code == STORE_CONFLICT => last = e.msg,
-                    Err(e) => return Err(e),
-                    Ok(()) => {}
-                }
-            }
-            other => return other,
-        }
-    }
-    Err(CniError::new(
-        cni::code::TRY_AGAIN_LATER,
-        format!("{what} gave up after {MAX_ATTEMPTS} conflicting writes (last: {last}); kubelet retries it"),
-    ))
-}
-
-/// 5 ms doubling to 320 ms, each with up to 100% jitter so racing nodes
-/// spread out.
-fn backoff(attempt: u32) -> std::time::Duration {
-    let base = 5u64 << attempt.min(6);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0)
-        ^ std::process::id().wrapping_mul(2_654_435_761);
-    std::time::Duration::from_millis(base + u64::from(seed) % (base + 1))
 }
 
 impl Attachment {
@@ -185,21 +127,12 @@ impl StickyIpam {
     pub fn new(network: &str, ipam: &Value, at: Attachment) -> CniResult<StickyIpam> {
         let conf = IpamConfig::parse(network, ipam)?;
         let node = node_facts(node_name(&conf).as_deref());
-        // Building the client reads the kubeconfig but connects nowhere.
-        let kube = match &conf.store {
-            StoreKind::Kubernetes {
-                kubeconfig,
-                timeout,
-            } => Some(
-                KubeClient::from_kubeconfig(kubeconfig, *timeout).map_err(kube_store::api_error),
-            ),
-            StoreKind::File => None,
-        };
+        let backend = Backend::for_config(&conf);
         Ok(StickyIpam {
             conf,
             at,
             node,
-            kube,
+            backend,
             prepared: None,
             unreachable: None,
             committed: None,
@@ -220,10 +153,7 @@ impl StickyIpam {
         let Some(identity) = &self.granted_to else {
             return Vec::new();
         };
-        let scope = match self.conf.store {
-            StoreKind::File => StoreScope::Node,
-            StoreKind::Kubernetes { .. } => StoreScope::Cluster,
-        };
+        let scope = self.backend.scope();
         self.granted
             .iter()
             .filter(|(_, origin)| {
@@ -233,36 +163,12 @@ impl StickyIpam {
             .collect()
     }
 
-    fn open(&self) -> CniResult<FileStore> {
-        FileStore::open(&self.conf.store_dir, &self.conf.network)
-    }
-
-    /// The node-local record of the kubernetes store (degraded mode and
-    /// next-fit cursors); it also serialises this node's ADDs on a network.
-    fn open_local(&self) -> CniResult<FileStore> {
-        FileStore::open(
-            &kube_store::local_dir(&self.conf.store_dir),
-            &self.conf.network,
-        )
-    }
-
-    /// The kube client, or why there is none (kubernetes store only).
-    fn client(&self) -> CniResult<&KubeClient> {
-        match &self.kube {
-            Some(Ok(client)) => Ok(client),
-            Some(Err(e)) => Err(e.clone()),
-            None => Err(CniError::invalid_config(
-                "the file store has no kubernetes client",
-            )),
-        }
-    }
-
     fn first_cursors(&self) -> Vec<Option<IpAddr>> {
         self.conf
             .range_sets
             .iter()
             .map(|set| {
-                let n = kube_store::node_offset(&self.node.node, set.size());
+                let n = node_offset(&self.node.node, set.size());
                 // next-fit starts after the cursor
                 set.address_at(n)
             })
@@ -319,16 +225,17 @@ impl StickyIpam {
         let (Some(ns), Some(name)) = (args.pod_namespace.clone(), args.pod_name.clone()) else {
             return Ok(None);
         };
-        if self.kube.is_none() {
+        if !self.backend.is_kube() {
             return Ok(None);
         }
-        match self.client()?.get_pod(&ns, &name) {
+        let client = self.backend.client().map_err(CniError::from)?;
+        match client.get_pod(&ns, &name) {
             Ok(pod) => Ok(pod),
             Err(ApiError::Unreachable(why)) => {
                 self.unreachable = Some(why);
                 Ok(None)
             }
-            Err(e) => Err(kube_store::api_error(e)),
+            Err(e) => Err(StoreError::from(e).into()),
         }
     }
 
@@ -364,16 +271,7 @@ impl StickyIpam {
             Some(req) => req,
             None => self.request()?,
         };
-        let (plan, grants) = match self.conf.store {
-            StoreKind::File => {
-                let mut store = self.open()?;
-                let inspector =
-                    LocalInspector::new(self.node.clone(), self.conf.cri_socket.as_deref());
-                let conf = &self.conf;
-                with_retries(&mut store, "ADD", |s| plan_add(conf, s, &inspector, &req))?
-            }
-            StoreKind::Kubernetes { .. } => self.add_kube(&req)?,
-        };
+        let (plan, grants) = self.add_planned(&req)?;
         for g in &grants {
             match &g.took_over {
                 Some(note) => cni::log::info(&format!("identity {:?}: {note}", req.identity.key)),
@@ -391,96 +289,55 @@ impl StickyIpam {
         Ok(self.output(&grants))
     }
 
-    fn add_kube(&mut self, req: &AddRequest) -> CniResult<(Plan, Vec<Grant>)> {
-        let local = self.open_local()?;
-        let first = self.first_cursors();
-        let node = self.node.clone();
+    /// Plans and commits the ADD on the configured store; on the
+    /// kubernetes store an API that does not answer falls back to
+    /// degraded mode. Returns what reached the store, for `undo_add`.
+    fn add_planned(&mut self, req: &AddRequest) -> CniResult<(Plan, Vec<Grant>)> {
         if let Some(why) = self.unreachable.clone() {
-            return self.add_degraded(local, req, &why);
+            return self.add_degraded(self.backend.open_local(&self.conf.network)?, req, &why);
         }
-        let client = self.client()?;
-        let mut store = KubeStore::new(client, &self.conf.network, Some(local), first);
-        let inspector = KubeInspector::new(client, node);
+        let first = self.first_cursors();
+        let mut store = self.backend.open(&self.conf.network, first)?;
+        let inspector = self.backend.inspector(self.node.clone())?;
         let conf = &self.conf;
-        match with_retries(&mut store, "ADD", |s| plan_add(conf, s, &inspector, req)) {
-            Err(e) if e.code == STORE_UNREACHABLE => {
-                let why = e.msg.clone();
+        match with_retries(&mut store, "ADD", |s| {
+            plan_add(conf, s, inspector.as_ref(), req)
+        }) {
+            Err(PlanError::Store(StoreError::Unreachable(why))) if self.backend.is_kube() => {
+                let why = format!("kubernetes API unreachable: {why}");
                 let local = store.into_local();
-                match local {
-                    Some(local) => self.add_degraded(local, req, &why),
-                    None => Err(e),
-                }
+                drop(inspector);
+                self.add_degraded(local, req, &why)
             }
-            other => other,
+            other => other.map_err(CniError::from),
         }
     }
 
-    /// The API is unreachable: only a pod re-ADDing what this node already
-    /// holds for it (same pod UID) is served, from the node-local record;
-    /// nothing is written to the API (DESIGN.md section 5).
+    /// The API does not answer: `plan_degraded` on the node-local record;
+    /// nothing is written to the API (ARCHITECTURE.md, "Never allocate
+    /// blindly").
     fn add_degraded(
         &self,
-        mut local: FileStore,
+        local: Option<FileStore>,
         req: &AddRequest,
         why: &str,
     ) -> CniResult<(Plan, Vec<Grant>)> {
-        let refuse = |detail: &str| {
-            CniError::new(
+        let Some(mut local) = local else {
+            return Err(CniError::new(
                 cni::code::TRY_AGAIN_LATER,
                 format!(
-                    "network {:?}: {why}; {detail}: nothing is allocated while the API is unreachable, and kubelet retries this ADD",
+                    "network {:?}: {why}; kubelet retries this ADD",
                     self.conf.network
                 ),
-            )
-        };
-        let Some(uid) = req.caller.pod_uid.as_deref().filter(|u| !u.is_empty()) else {
-            return Err(refuse("the ADD names no pod UID (K8S_POD_UID)"));
+            ));
         };
         let listing = local.list()?;
-        let mine: Vec<&crate::claim::Claim> = listing
-            .claims
-            .iter()
-            .filter(|c| {
-                c.holder
-                    .as_ref()
-                    .is_some_and(|h| h.pod_uid.as_deref() == Some(uid) && h.node == self.node.node)
-            })
-            .collect();
-        let mut grants = Vec::new();
-        let mut plan = Plan::default();
-        for set in &self.conf.range_sets {
-            let Some(claim) = mine.iter().find(|c| set.contains(c.ip)) else {
-                return Err(refuse(&format!(
-                    "this node holds no address of range set {} for pod UID {uid}",
-                    set.describe()
-                )));
-            };
-            let range = set
-                .range_of(claim.ip)
-                .cloned()
-                .unwrap_or_else(|| set.ranges[0].clone());
-            plan.changes.push(Change {
-                before: Some((*claim).clone()),
-                after: Some(crate::claim::Claim {
-                    holder: Some(req.holder.clone()),
-                    updated: req.now,
-                    ..(*claim).clone()
-                }),
-            });
-            grants.push(Grant {
-                ip: claim.ip,
-                range,
-                took_over: None,
-                displaced: None,
-                origin: Origin::SamePod {
-                    node: self.node.node.clone(),
-                },
-            });
-        }
+        let (plan, grants) = plan_degraded(&self.conf, &listing.claims, req, &self.node.node, why)?;
         local.commit(&plan)?;
         cni::log::warn(&format!(
-            "network {:?}: degraded mode, re-ADD of pod UID {uid} served from the node-local record; the API is not updated",
-            self.conf.network
+            "network {:?}: degraded mode, re-ADD of pod UID {} served from the node-local record; the API is not updated",
+            self.conf.network,
+            req.caller.pod_uid.as_deref().unwrap_or_default()
         ));
         // Nothing reached the API, so there is nothing for undo_add to undo there.
         Ok((Plan::default(), grants))
@@ -504,39 +361,25 @@ impl StickyIpam {
     }
 
     /// Runs a release-like operation (`plan` then commit, retried) on the
-    /// configured store. For the kubernetes store an unreachable API is
-    /// not an error: the holder's claim is later found dead by liveness.
+    /// configured store. On the kubernetes store an unreachable API is not
+    /// an error: the holder's claim is later found dead by liveness.
     fn with_store<T>(
         &mut self,
         release: bool,
-        plan: impl FnMut(&mut dyn ClaimStore) -> CniResult<(Plan, T)>,
+        plan: impl FnMut(&mut dyn ClaimStore) -> PlanResult<(Plan, T)>,
     ) -> CniResult<Option<(Plan, T)>> {
-        match self.conf.store {
-            StoreKind::File => {
-                let mut store = self.open()?;
-                // A release that a power loss undoes is harmless: the claim
-                // comes back with a holder recorded in an earlier boot,
-                // which every verdict finds dead. So releases skip fsyncs.
-                store.set_durable(!release);
-                with_retries(&mut store, "release", plan).map(Some)
+        let first = self.first_cursors();
+        let network = self.conf.network.clone();
+        let mut store = self.backend.open(&network, first)?;
+        store.set_durable(!release);
+        match with_retries(&mut store, "release", plan) {
+            Err(PlanError::Store(StoreError::Unreachable(why))) if self.backend.is_kube() => {
+                cni::log::warn(&format!(
+                    "network {network:?}: kubernetes API unreachable: {why}; the claim is left for liveness to release"
+                ));
+                Ok(None)
             }
-            StoreKind::Kubernetes { .. } => {
-                let local = self.open_local()?;
-                let first = self.first_cursors();
-                let network = self.conf.network.clone();
-                let client = self.client()?;
-                let mut store = KubeStore::new(client, &network, Some(local), first);
-                match with_retries(&mut store, "release", plan) {
-                    Err(e) if e.code == STORE_UNREACHABLE => {
-                        cni::log::warn(&format!(
-                            "network {network:?}: {}; the claim is left for liveness to release",
-                            e.msg
-                        ));
-                        Ok(None)
-                    }
-                    other => other.map(Some),
-                }
-            }
+            other => other.map(Some).map_err(CniError::from),
         }
     }
 
@@ -551,7 +394,7 @@ impl StickyIpam {
                 cni::log::info(&format!("released {} of identity {:?}", c.ip, c.identity));
             }
         }
-        if matches!(self.conf.store, StoreKind::Kubernetes { .. }) {
+        if self.backend.is_kube() {
             self.release_local(&cid, &ifname);
         }
         Ok(())
@@ -560,13 +403,21 @@ impl StickyIpam {
     /// The node-local record must not serve a released claim in degraded
     /// mode; best effort.
     fn release_local(&self, cid: &str, ifname: &str) {
-        let outcome = self.open_local().and_then(|mut local| {
-            local.set_durable(false);
-            let plan = plan_del(&mut local, cid, ifname, now_secs())?;
-            local.commit(&plan)
-        });
+        let outcome = self
+            .backend
+            .open_local(&self.conf.network)
+            .map_err(PlanError::from)
+            .and_then(|local| {
+                let Some(mut local) = local else {
+                    return Ok(());
+                };
+                local.set_durable(false);
+                let plan = plan_del(&mut local, cid, ifname, now_secs())?;
+                local.commit(&plan)?;
+                Ok(())
+            });
         if let Err(e) = outcome {
-            cni::log::warn(&format!("node-local record not updated: {}", e.msg));
+            cni::log::warn(&format!("node-local record not updated: {e}"));
         }
     }
 
@@ -578,7 +429,10 @@ impl StickyIpam {
         })? {
             Some((_, held)) => held,
             // API unreachable: what this node recorded.
-            None => self.open_local()?.claims_of_holder(&cid, &ifname)?,
+            None => match self.backend.open_local(&self.conf.network)? {
+                Some(mut local) => local.claims_of_holder(&cid, &ifname)?,
+                None => Vec::new(),
+            },
         };
         if held.len() < self.conf.range_sets.len() {
             return Err(CniError::new(
@@ -613,16 +467,9 @@ impl StickyIpam {
                 format!("sticky-ipam cannot use its store: {msg}"),
             )
         };
-        match self.conf.store {
-            StoreKind::File => self.open().map(drop).map_err(|e| unavailable(e.msg)),
-            StoreKind::Kubernetes { .. } => {
-                let name = format!("{}.status-probe", crate::kube::slug(&self.conf.network));
-                self.client()
-                    .and_then(|c| c.get_claim(&name).map_err(kube_store::api_error))
-                    .map(drop)
-                    .map_err(|e| unavailable(e.msg))
-            }
-        }
+        self.backend
+            .usable(&self.conf.network)
+            .map_err(|e| unavailable(CniError::from(e).msg))
     }
 
     pub fn gc(&mut self, keep: &[(String, String)]) -> CniResult<()> {

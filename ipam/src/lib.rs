@@ -1,4 +1,5 @@
 pub mod addr;
+pub mod backend;
 pub mod claim;
 pub mod cli;
 pub mod cni_ipam;

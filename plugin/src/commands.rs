@@ -368,7 +368,7 @@ pub fn check(
         .find(|(_, i)| i.name == env.ifname && i.sandbox.as_deref() == Some(env.netns.as_str()))
         .ok_or_else(|| {
             CniError::new(
-                macvlan::CHECK_MISMATCH,
+                code::CHECK_MISMATCH,
                 format!(
                     "prevResult has no interface {:?} in sandbox {:?}",
                     env.ifname, env.netns
@@ -387,7 +387,7 @@ pub fn check(
             .is_none()
         {
             return Err(CniError::new(
-                macvlan::CHECK_MISMATCH,
+                code::CHECK_MISMATCH,
                 format!("master interface {master:?} is gone from the {ns}"),
             ));
         }

@@ -35,11 +35,11 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cni::{CniError, CniResult};
+use super::{StoreError, StoreResult};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::{ClaimStore, Damaged, Listing, Plan, STORE_DAMAGED};
+use super::{ClaimStore, Damaged, Listing, Plan};
 use crate::claim::Claim;
 
 /// How long an ADD waits for another process holding the network's lock.
@@ -63,8 +63,8 @@ struct HolderIndex {
     ips: Vec<IpAddr>,
 }
 
-fn io_err(what: &str, path: &Path, e: std::io::Error) -> CniError {
-    CniError::io(format!("cannot {what} {}: {e}", path.display()))
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> StoreError {
+    StoreError::Io(format!("cannot {what} {}: {e}", path.display()))
 }
 
 fn hash_name(parts: &[&str]) -> String {
@@ -81,7 +81,7 @@ fn hash_name(parts: &[&str]) -> String {
         .collect()
 }
 
-pub fn make_dir(path: &Path) -> CniResult<()> {
+pub fn make_dir(path: &Path) -> StoreResult<()> {
     DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -89,14 +89,14 @@ pub fn make_dir(path: &Path) -> CniResult<()> {
         .map_err(|e| io_err("create directory", path, e))
 }
 
-fn fsync_dir(path: &Path) -> CniResult<()> {
+fn fsync_dir(path: &Path) -> StoreResult<()> {
     File::open(path)
         .and_then(|d| d.sync_all())
         .map_err(|e| io_err("fsync directory", path, e))
 }
 
 /// Reads a file without following a symlink; None when it does not exist.
-fn read_file(path: &Path) -> CniResult<Option<Vec<u8>>> {
+fn read_file(path: &Path) -> StoreResult<Option<Vec<u8>>> {
     let mut f = match OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
@@ -113,7 +113,7 @@ fn read_file(path: &Path) -> CniResult<Option<Vec<u8>>> {
 }
 
 /// Writes via a temporary file and rename; fsyncs the file when `durable`.
-pub fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> CniResult<()> {
+pub fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> StoreResult<()> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
@@ -134,7 +134,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> CniResult<()> {
     std::fs::rename(&tmp, path).map_err(|e| io_err("rename into place", path, e))
 }
 
-fn remove_file(path: &Path) -> CniResult<()> {
+fn remove_file(path: &Path) -> StoreResult<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != ErrorKind::NotFound => Err(io_err("remove", path, e)),
         _ => Ok(()),
@@ -161,18 +161,15 @@ fn record_name(path: &Path) -> (String, String) {
     (network, record)
 }
 
-fn damaged(path: &Path, why: impl std::fmt::Display) -> CniError {
+fn damaged(path: &Path, why: impl std::fmt::Display) -> StoreError {
     let (network, record) = record_name(path);
-    CniError::new(
-        STORE_DAMAGED,
-        format!(
+    StoreError::Damaged(format!(
             "record {} is damaged ({why}): inspect it with `sticky-macvlan claims`, then repair it or remove it with `sticky-macvlan release --network {network} --file {record}` (the indexes are rebuilt from the claims)",
             path.display(),
-        ),
-    )
+    ))
 }
 
-fn decode<T: DeserializeOwned>(path: &Path, bytes: &[u8]) -> CniResult<T> {
+fn decode<T: DeserializeOwned>(path: &Path, bytes: &[u8]) -> StoreResult<T> {
     if bytes.is_empty() {
         return Err(damaged(path, "empty file"));
     }
@@ -201,11 +198,11 @@ pub struct FileStore {
 
 impl FileStore {
     /// Opens (creating if needed) `dir/network` and takes its lock.
-    pub fn open(dir: &Path, network: &str) -> CniResult<FileStore> {
+    pub fn open(dir: &Path, network: &str) -> StoreResult<FileStore> {
         let root = dir.join(network);
         if let Ok(meta) = std::fs::symlink_metadata(&root) {
             if meta.file_type().is_symlink() {
-                return Err(CniError::io(format!(
+                return Err(StoreError::Io(format!(
                     "store directory {} is a symlink: sticky-ipam does not follow symlinks out of its state directory; replace it with a directory",
                     root.display()
                 )));
@@ -233,7 +230,7 @@ impl FileStore {
     }
 
     /// Networks that have a directory under `dir`.
-    pub fn networks(dir: &Path) -> CniResult<Vec<String>> {
+    pub fn networks(dir: &Path) -> StoreResult<Vec<String>> {
         let entries = match std::fs::read_dir(dir) {
             Ok(e) => e,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(vec![]),
@@ -261,7 +258,7 @@ impl FileStore {
     }
 
     /// Flushes the file system holding the store (after a bulk load).
-    pub fn sync(&self) -> CniResult<()> {
+    pub fn sync(&self) -> StoreResult<()> {
         let dir = File::open(&self.root).map_err(|e| io_err("open", &self.root, e))?;
         // SAFETY: syncfs on a descriptor we own.
         if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
@@ -288,7 +285,7 @@ impl FileStore {
         self.root.join(format!("cursor.{set}"))
     }
 
-    fn read_claim(&self, path: &Path, ip: IpAddr) -> CniResult<Option<Claim>> {
+    fn read_claim(&self, path: &Path, ip: IpAddr) -> StoreResult<Option<Claim>> {
         let Some(bytes) = read_file(path)? else {
             return Ok(None);
         };
@@ -302,7 +299,7 @@ impl FileStore {
         Ok(Some(claim))
     }
 
-    fn read_identity_index(&self, identity: &str) -> CniResult<IdentityIndex> {
+    fn read_identity_index(&self, identity: &str) -> StoreResult<IdentityIndex> {
         let path = self.identity_path(identity);
         let Some(bytes) = read_file(&path)? else {
             return Ok(IdentityIndex {
@@ -320,7 +317,7 @@ impl FileStore {
         Ok(index)
     }
 
-    fn read_holder_index(&self, container_id: &str, ifname: &str) -> CniResult<HolderIndex> {
+    fn read_holder_index(&self, container_id: &str, ifname: &str) -> StoreResult<HolderIndex> {
         let path = self.holder_path(container_id, ifname);
         let empty = HolderIndex {
             container_id: container_id.into(),
@@ -343,7 +340,7 @@ impl FileStore {
         add: &BTreeSet<IpAddr>,
         remove: &BTreeSet<IpAddr>,
         durable: bool,
-    ) -> CniResult<bool> {
+    ) -> StoreResult<bool> {
         let index = self.read_identity_index(identity)?;
         let path = self.identity_path(identity);
         edit_index(&path, index, |i| &mut i.ips, add, remove, durable)
@@ -355,14 +352,14 @@ impl FileStore {
         add: &BTreeSet<IpAddr>,
         remove: &BTreeSet<IpAddr>,
         durable: bool,
-    ) -> CniResult<bool> {
+    ) -> StoreResult<bool> {
         let index = self.read_holder_index(&holder.0, &holder.1)?;
         let path = self.holder_path(&holder.0, &holder.1);
         edit_index(&path, index, |i| &mut i.ips, add, remove, durable)
     }
 
     /// Rewrites every index from the claims (after damage or an import).
-    pub fn rebuild_indexes(&mut self) -> CniResult<Listing> {
+    pub fn rebuild_indexes(&mut self) -> StoreResult<Listing> {
         let listing = self.list()?;
         for sub in [IDENTITIES, HOLDERS] {
             let dir = self.root.join(sub);
@@ -398,21 +395,21 @@ impl FileStore {
     /// Removes a damaged or foreign file from the claims directory.
     /// Removes one record by the name a damage report gave: a claim's
     /// file name, or `identities/NAME` / `holders/NAME` for an index.
-    pub fn remove_record(&mut self, name: &str) -> CniResult<()> {
+    pub fn remove_record(&mut self, name: &str) -> StoreResult<()> {
         let (dir, file) = match name.split_once('/') {
             None => (CLAIMS, name),
             Some((dir, file)) if [CLAIMS, IDENTITIES, HOLDERS].contains(&dir) => (dir, file),
             Some(_) => ("", ""),
         };
         if file.is_empty() || file.contains('/') || file.starts_with('.') {
-            return Err(CniError::invalid_config(format!(
+            return Err(StoreError::Invalid(format!(
                 "{name:?} is not a record of this store: give a claim's file name (an address) or identities/NAME or holders/NAME, as `sticky-macvlan claims` and the damage report name it"
             )));
         }
         let dir = self.root.join(dir);
         let path = dir.join(file);
         if read_file(&path)?.is_none() {
-            return Err(CniError::invalid_config(format!(
+            return Err(StoreError::Invalid(format!(
                 "there is no record {name:?} in {}",
                 self.root.display()
             )));
@@ -431,7 +428,7 @@ fn edit_index<T: Serialize>(
     add: &BTreeSet<IpAddr>,
     remove: &BTreeSet<IpAddr>,
     durable: bool,
-) -> CniResult<bool> {
+) -> StoreResult<bool> {
     let list = ips(&mut index);
     let before = list.clone();
     list.retain(|ip| !remove.contains(ip));
@@ -447,7 +444,7 @@ fn edit_index<T: Serialize>(
     Ok(true)
 }
 
-fn try_lock(lock: &File, path: &Path) -> CniResult<bool> {
+fn try_lock(lock: &File, path: &Path) -> StoreResult<bool> {
     // SAFETY: flock on a descriptor we own.
     let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc == 0 {
@@ -465,7 +462,7 @@ fn try_lock(lock: &File, path: &Path) -> CniResult<bool> {
 /// on a duplicate of the descriptor (the lock belongs to the shared open
 /// file, so it is ours once taken), and the kernel wakes waiters in turn:
 /// polling with sleeps made 100 parallel ADDs queue up behind the sleeps.
-fn lock_exclusive(lock: &File, path: &Path, network: &str) -> CniResult<()> {
+fn lock_exclusive(lock: &File, path: &Path, network: &str) -> StoreResult<()> {
     if try_lock(lock, path)? {
         return Ok(());
     }
@@ -485,23 +482,20 @@ fn lock_exclusive(lock: &File, path: &Path, network: &str) -> CniResult<()> {
         Ok(Err(e)) => Err(io_err("lock", path, e)),
         // The helper stays blocked; the lock it may still take dies with
         // this short-lived process.
-        Err(_) => Err(CniError::new(
-            cni::code::TRY_AGAIN_LATER,
-            format!(
-                "the claim store of network {network:?} ({}) has been locked by another process for {} s: retry; if it persists, look for a hung sticky-ipam process",
-                path.display(),
-                LOCK_WAIT.as_secs()
-            ),
-        )),
+        Err(_) => Err(StoreError::Busy(format!(
+            "the claim store of network {network:?} ({}) has been locked by another process for {} s: retry; if it persists, look for a hung sticky-ipam process",
+            path.display(),
+            LOCK_WAIT.as_secs()
+        ))),
     }
 }
 
 impl ClaimStore for FileStore {
-    fn claim(&mut self, ip: IpAddr) -> CniResult<Option<Claim>> {
+    fn claim(&mut self, ip: IpAddr) -> StoreResult<Option<Claim>> {
         self.read_claim(&self.claim_path(ip), ip)
     }
 
-    fn claims_of_identity(&mut self, identity: &str) -> CniResult<Vec<Claim>> {
+    fn claims_of_identity(&mut self, identity: &str) -> StoreResult<Vec<Claim>> {
         let index = self.read_identity_index(identity)?;
         let mut out = Vec::new();
         for ip in index.ips {
@@ -514,7 +508,7 @@ impl ClaimStore for FileStore {
         Ok(out)
     }
 
-    fn claims_of_holder(&mut self, container_id: &str, ifname: &str) -> CniResult<Vec<Claim>> {
+    fn claims_of_holder(&mut self, container_id: &str, ifname: &str) -> StoreResult<Vec<Claim>> {
         let index = self.read_holder_index(container_id, ifname)?;
         let mut out = Vec::new();
         for ip in index.ips {
@@ -527,7 +521,7 @@ impl ClaimStore for FileStore {
         Ok(out)
     }
 
-    fn list(&mut self) -> CniResult<Listing> {
+    fn list(&mut self) -> StoreResult<Listing> {
         let dir = self.root.join(CLAIMS);
         let entries = std::fs::read_dir(&dir).map_err(|e| io_err("list", &dir, e))?;
         let mut listing = Listing::default();
@@ -548,21 +542,24 @@ impl ClaimStore for FileStore {
             match self.read_claim(&path, ip) {
                 Ok(Some(c)) => listing.claims.push(c),
                 Ok(None) => {}
-                Err(e) => listing.damaged.push(Damaged { path, why: e.msg }),
+                Err(e) => listing.damaged.push(Damaged {
+                    path,
+                    why: e.message().to_string(),
+                }),
             }
         }
         listing.claims.sort_by_key(|c| c.ip);
         Ok(listing)
     }
 
-    fn cursor(&mut self, set: usize) -> CniResult<Option<IpAddr>> {
+    fn cursor(&mut self, set: usize) -> StoreResult<Option<IpAddr>> {
         // A cursor only spreads allocations; an unreadable one restarts the walk.
         Ok(read_file(&self.cursor_path(set))?
             .and_then(|b| String::from_utf8(b).ok())
             .and_then(|s| s.trim().parse().ok()))
     }
 
-    fn commit(&mut self, plan: &Plan) -> CniResult<()> {
+    fn commit(&mut self, plan: &Plan) -> StoreResult<()> {
         type Edits = (BTreeSet<IpAddr>, BTreeSet<IpAddr>);
         let mut identities: BTreeMap<String, Edits> = BTreeMap::new();
         let mut holders: BTreeMap<(String, String), Edits> = BTreeMap::new();
@@ -761,7 +758,7 @@ mod tests {
         let d = dir.clone();
         let waiter = std::thread::spawn(move || {
             let opened = FileStore::open(&d, "net");
-            let _ = tx.send(opened.as_ref().map(|_| ()).map_err(|e| e.msg.clone()));
+            let _ = tx.send(opened.as_ref().map(|_| ()).map_err(|e| e.to_string()));
             // Hold the store until the main thread has looked.
             let _ = done_rx.recv();
             drop(opened);
@@ -798,11 +795,10 @@ mod tests {
         std::fs::write(claims.join("README"), b"hello").unwrap();
         std::fs::copy(claims.join("10.0.0.6"), claims.join("10.0.0.9")).unwrap();
         let e = s.claim("10.0.0.7".parse().unwrap()).unwrap_err();
-        assert_eq!(e.code, STORE_DAMAGED);
+        assert!(matches!(e, StoreError::Damaged(_)), "{e:?}");
         assert!(
-            e.msg.contains("10.0.0.7") && e.msg.contains("damaged"),
-            "{}",
-            e.msg
+            e.message().contains("10.0.0.7") && e.message().contains("damaged"),
+            "{e}"
         );
         let listing = s.list().unwrap();
         assert_eq!(listing.claims.len(), 1);

@@ -3,9 +3,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use cni::{CniError, CniResult};
-
-use super::{ClaimStore, Listing, Plan, STORE_DAMAGED};
+use super::{ClaimStore, Listing, Plan, StoreError, StoreResult};
 use crate::claim::Claim;
 
 #[derive(Debug, Default, Clone)]
@@ -18,17 +16,16 @@ pub struct MemoryStore {
 }
 
 impl ClaimStore for MemoryStore {
-    fn claim(&mut self, ip: IpAddr) -> CniResult<Option<Claim>> {
+    fn claim(&mut self, ip: IpAddr) -> StoreResult<Option<Claim>> {
         if self.damaged.contains(&ip) {
-            return Err(CniError::new(
-                STORE_DAMAGED,
-                format!("claim record for {ip} is damaged"),
-            ));
+            return Err(StoreError::Damaged(format!(
+                "claim record for {ip} is damaged"
+            )));
         }
         Ok(self.claims.get(&ip).cloned())
     }
 
-    fn claims_of_identity(&mut self, identity: &str) -> CniResult<Vec<Claim>> {
+    fn claims_of_identity(&mut self, identity: &str) -> StoreResult<Vec<Claim>> {
         Ok(self
             .claims
             .values()
@@ -37,7 +34,7 @@ impl ClaimStore for MemoryStore {
             .collect())
     }
 
-    fn claims_of_holder(&mut self, container_id: &str, ifname: &str) -> CniResult<Vec<Claim>> {
+    fn claims_of_holder(&mut self, container_id: &str, ifname: &str) -> StoreResult<Vec<Claim>> {
         Ok(self
             .claims
             .values()
@@ -46,18 +43,18 @@ impl ClaimStore for MemoryStore {
             .collect())
     }
 
-    fn list(&mut self) -> CniResult<Listing> {
+    fn list(&mut self) -> StoreResult<Listing> {
         Ok(Listing {
             claims: self.claims.values().cloned().collect(),
             damaged: vec![],
         })
     }
 
-    fn cursor(&mut self, set: usize) -> CniResult<Option<IpAddr>> {
+    fn cursor(&mut self, set: usize) -> StoreResult<Option<IpAddr>> {
         Ok(self.cursors.get(&set).copied())
     }
 
-    fn commit(&mut self, plan: &Plan) -> CniResult<()> {
+    fn commit(&mut self, plan: &Plan) -> StoreResult<()> {
         for change in &plan.changes {
             if let Some(before) = &change.before {
                 self.claims.remove(&before.ip);

@@ -1,23 +1,22 @@
 //! Claim stores. A `ClaimStore` is one network's claims: reads, then one
 //! `commit` of a `Plan`. The engine never sees files or objects:
 //! `file::FileStore` is the embedded store (a lock per network),
-//! `kube::KubeStore` the cluster-wide one (conditional writes, retried),
-//! `memory` the test one.
+//! `ipclaim::KubeStore` the cluster-wide one (`IPClaim` objects,
+//! conditional writes), `memory` the test one. Failures are typed
+//! (`error::StoreError`) and become CNI codes at one edge.
 
+pub mod error;
 pub mod file;
-pub mod kube;
+pub mod ipclaim;
 pub mod memory;
+pub mod retry;
+
+pub use error::{PlanError, PlanResult, StoreError, StoreResult};
 
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use cni::CniResult;
-
 use crate::claim::Claim;
-
-/// A stored record that cannot be read: it is reported by name, never
-/// guessed at or silently dropped.
-pub const STORE_DAMAGED: u32 = 110;
 
 /// One claim's change: `before` as read, `after` as it must become
 /// (None: deleted).
@@ -67,28 +66,28 @@ pub struct Listing {
 }
 
 pub trait ClaimStore {
-    /// The claim on `ip`; an unreadable record is an error with code
-    /// `STORE_DAMAGED` naming it.
-    fn claim(&mut self, ip: IpAddr) -> CniResult<Option<Claim>>;
+    /// The claim on `ip`; an unreadable record is `StoreError::Damaged`
+    /// naming it.
+    fn claim(&mut self, ip: IpAddr) -> StoreResult<Option<Claim>>;
     /// Whether a next-fit candidate is taken. A store whose writes are
     /// conditional may answer "free" without looking: its commit checks.
-    fn candidate_taken(&mut self, ip: IpAddr) -> CniResult<bool> {
+    fn candidate_taken(&mut self, ip: IpAddr) -> StoreResult<bool> {
         self.claim(ip).map(|c| c.is_some())
     }
     /// Claims whose identity is `identity` (found through an index, checked
     /// against the claims themselves).
-    fn claims_of_identity(&mut self, identity: &str) -> CniResult<Vec<Claim>>;
+    fn claims_of_identity(&mut self, identity: &str) -> StoreResult<Vec<Claim>>;
     /// Claims whose holder is this attachment.
-    fn claims_of_holder(&mut self, container_id: &str, ifname: &str) -> CniResult<Vec<Claim>>;
+    fn claims_of_holder(&mut self, container_id: &str, ifname: &str) -> StoreResult<Vec<Claim>>;
     /// Every claim (the slow path: exhaustion, GC, reconcile, the CLI).
-    fn list(&mut self) -> CniResult<Listing>;
-    fn cursor(&mut self, set: usize) -> CniResult<Option<IpAddr>>;
+    fn list(&mut self) -> StoreResult<Listing>;
+    fn cursor(&mut self, set: usize) -> StoreResult<Option<IpAddr>>;
     /// Applies a plan durably before returning. A store without a lock
-    /// fails with `kube::STORE_CONFLICT` when it lost a race; nothing of the
-    /// plan is then left applied.
-    fn commit(&mut self, plan: &Plan) -> CniResult<()>;
+    /// fails with `StoreError::Conflict` when it lost a race; nothing of
+    /// the plan is then left applied.
+    fn commit(&mut self, plan: &Plan) -> StoreResult<()>;
     /// Called after a conflict, before planning again.
-    fn conflicted(&mut self) -> CniResult<()> {
+    fn conflicted(&mut self) -> StoreResult<()> {
         Ok(())
     }
 }

@@ -21,8 +21,6 @@ const TMP_NAME_ATTEMPTS: usize = 5;
 const DAD_SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 const DAD_POLL_INTERVAL: Duration = Duration::from_millis(20);
 
-pub const CHECK_MISMATCH: u32 = 102;
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Master {
     pub name: String,
@@ -547,7 +545,7 @@ pub fn remove_link(nl: &mut dyn Netlink, ifname: &str) -> CniResult<()> {
 }
 
 fn mismatch(msg: String) -> CniError {
-    CniError::new(CHECK_MISMATCH, msg)
+    CniError::new(code::CHECK_MISMATCH, msg)
 }
 
 /// What CHECK expects to find, from prevResult and the config.
@@ -1006,7 +1004,7 @@ mod tests {
         ];
         for (want, needle) in cases {
             let e = check_link(&mut nl, &want).unwrap_err();
-            assert_eq!(e.code, CHECK_MISMATCH);
+            assert_eq!(e.code, code::CHECK_MISMATCH);
             assert!(e.msg.contains(needle), "{} lacks {needle}", e.msg);
         }
     }

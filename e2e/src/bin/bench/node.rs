@@ -600,7 +600,7 @@ pub fn scale(suite: &mut Suite, topo: &mut Topology, api: &StandIn) {
         let node = (0..1_000_000)
             .map(|i| format!("bench-node-{i}"))
             .find(|n| {
-                let at = sticky_ipam::store::kube::node_offset(n, 65_534);
+                let at = sticky_ipam::store::ipclaim::node_offset(n, 65_534);
                 at > 10 && at + 10 < u128::from(existing)
             })
             .expect("a node name whose next-fit start is taken");

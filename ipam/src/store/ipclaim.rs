@@ -1,7 +1,7 @@
 //! Claims as `IPClaim` objects in the Kubernetes API (DESIGN.md section
 //! 5). No lock and no pool object: every write carries a precondition
 //! (create-if-absent, or the resourceVersion read), so a plan built on
-//! stale reads fails with `STORE_CONFLICT` and is planned again.
+//! stale reads fails with `StoreError::Conflict` and is planned again.
 //!
 //! Invariant 2 (one address per identity and family) spans objects, which
 //! the API cannot lock together. It is kept by create-then-verify: after
@@ -20,41 +20,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use cni::{CniError, CniResult};
-
 use super::file::FileStore;
-use super::{Change, ClaimStore, Damaged, Listing, Plan};
+use super::{Change, ClaimStore, Damaged, Listing, Plan, StoreError, StoreResult};
 use crate::addr::Family;
 use crate::claim::Claim;
 use crate::kube::{
-    holder_selector, identity_selector, network_selector, object_name, ApiError, ClaimObject,
-    KubeApi,
+    holder_selector, identity_selector, network_selector, object_name, ClaimObject, KubeApi,
 };
-
-/// A write lost a race; the caller plans again.
-pub const STORE_CONFLICT: u32 = 111;
-/// The API did not answer; only degraded-mode answers are possible.
-pub const STORE_UNREACHABLE: u32 = 112;
-/// The API refused (RBAC, validation, a bad kubeconfig).
-pub const STORE_REFUSED: u32 = 113;
-
-pub fn api_error(e: ApiError) -> CniError {
-    match e {
-        ApiError::Conflict(m) => CniError::new(STORE_CONFLICT, m),
-        ApiError::Unreachable(m) => CniError::new(
-            STORE_UNREACHABLE,
-            format!("kubernetes API unreachable: {m}"),
-        ),
-        ApiError::Refused(m) => CniError::new(
-            STORE_REFUSED,
-            format!("kubernetes API refused the request: {m}; check the RBAC of examples/rbac.yaml and ipam.store.kubeconfig"),
-        ),
-        ApiError::Client(m) => CniError::new(
-            STORE_REFUSED,
-            format!("cannot use the kubernetes store (no request was made): {m}"),
-        ),
-    }
-}
 
 pub struct KubeStore<'a> {
     api: &'a dyn KubeApi,
@@ -114,16 +86,13 @@ impl<'a> KubeStore<'a> {
         }
     }
 
-    fn version_of(&self, ip: IpAddr) -> CniResult<String> {
+    fn version_of(&self, ip: IpAddr) -> StoreResult<String> {
         self.versions.get(&ip).cloned().ok_or_else(|| {
-            CniError::new(
-                STORE_CONFLICT,
-                format!("no resourceVersion read for {ip}: planning again"),
-            )
+            StoreError::Conflict(format!("no resourceVersion read for {ip}: planning again"))
         })
     }
 
-    fn apply(&mut self, change: &Change) -> CniResult<()> {
+    fn apply(&mut self, change: &Change) -> StoreResult<()> {
         let written = match (&change.before, &change.after) {
             (None, Some(after)) => self.api.create_claim(&self.object(after)),
             (Some(before), Some(after)) if before.ip == after.ip => {
@@ -135,7 +104,7 @@ impl<'a> KubeStore<'a> {
                 let rv = self.version_of(before.ip)?;
                 self.api
                     .delete_claim(&object_name(&self.network, before.ip), &rv)
-                    .map_err(api_error)?;
+                    .map_err(StoreError::from)?;
                 self.versions.remove(&before.ip);
                 return match after {
                     Some(after) => self.apply(&Change {
@@ -147,7 +116,7 @@ impl<'a> KubeStore<'a> {
             }
             (None, None) => return Ok(()),
         };
-        let obj = written.map_err(api_error)?;
+        let obj = written.map_err(StoreError::from)?;
         if let Some(rv) = obj.resource_version {
             self.versions.insert(obj.claim.ip, rv);
         }
@@ -161,7 +130,7 @@ impl<'a> KubeStore<'a> {
                 cni::log::warn(&format!(
                     "could not roll back the claim on {}: {}; a later ADD, DEL or reconcile settles it by liveness",
                     change.ip().map(|ip| ip.to_string()).unwrap_or_default(),
-                    e.msg
+                    e
                 ));
             }
         }
@@ -182,14 +151,14 @@ impl<'a> KubeStore<'a> {
             .collect()
     }
 
-    fn verify_single(&mut self, plan: &Plan) -> CniResult<()> {
+    fn verify_single(&mut self, plan: &Plan) -> StoreResult<()> {
         let identities: BTreeSet<String> =
             Self::gained(plan).into_iter().map(|(id, _)| id).collect();
         for identity in identities {
             let objs = self
                 .api
                 .list_claims(&identity_selector(&self.network, &identity))
-                .map_err(api_error)?;
+                .map_err(StoreError::from)?;
             let mut per_family: BTreeMap<Family, Vec<IpAddr>> = BTreeMap::new();
             for o in objs
                 .iter()
@@ -201,16 +170,13 @@ impl<'a> KubeStore<'a> {
                     .push(o.claim.ip);
             }
             if let Some(ips) = per_family.values().find(|ips| ips.len() > 1) {
-                return Err(CniError::new(
-                    STORE_CONFLICT,
-                    format!(
-                        "identity {identity:?} was given {} at once by concurrent ADDs",
-                        ips.iter()
-                            .map(|ip| ip.to_string())
-                            .collect::<Vec<_>>()
-                            .join(" and ")
-                    ),
-                ));
+                return Err(StoreError::Conflict(format!(
+                    "identity {identity:?} was given {} at once by concurrent ADDs",
+                    ips.iter()
+                        .map(|ip| ip.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                )));
             }
         }
         Ok(())
@@ -251,26 +217,26 @@ impl<'a> KubeStore<'a> {
         };
         if let Err(e) = local.commit(&local_plan) {
             cni::log::warn(&format!(
-                "node-local record of network {:?} not updated: {}",
-                self.network, e.msg
+                "node-local record of network {:?} not updated: {e}",
+                self.network
             ));
         }
     }
 }
 
 impl ClaimStore for KubeStore<'_> {
-    fn claim(&mut self, ip: IpAddr) -> CniResult<Option<Claim>> {
+    fn claim(&mut self, ip: IpAddr) -> StoreResult<Option<Claim>> {
         if let Some(pool) = &self.pool {
             return Ok(pool.get(&ip).cloned());
         }
         let got = self
             .api
             .get_claim(&object_name(&self.network, ip))
-            .map_err(api_error)?;
+            .map_err(StoreError::from)?;
         Ok(self.remember(got.into_iter().collect()).pop())
     }
 
-    fn candidate_taken(&mut self, ip: IpAddr) -> CniResult<bool> {
+    fn candidate_taken(&mut self, ip: IpAddr) -> StoreResult<bool> {
         Ok(match (&self.taken, &self.pool) {
             (Some(taken), _) => taken.contains(&ip),
             (None, Some(pool)) => pool.contains_key(&ip),
@@ -278,31 +244,31 @@ impl ClaimStore for KubeStore<'_> {
         })
     }
 
-    fn claims_of_identity(&mut self, identity: &str) -> CniResult<Vec<Claim>> {
+    fn claims_of_identity(&mut self, identity: &str) -> StoreResult<Vec<Claim>> {
         let objs = self
             .api
             .list_claims(&identity_selector(&self.network, identity))
-            .map_err(api_error)?;
+            .map_err(StoreError::from)?;
         let mut claims = self.remember(objs);
         claims.retain(|c| c.identity == identity);
         Ok(claims)
     }
 
-    fn claims_of_holder(&mut self, container_id: &str, ifname: &str) -> CniResult<Vec<Claim>> {
+    fn claims_of_holder(&mut self, container_id: &str, ifname: &str) -> StoreResult<Vec<Claim>> {
         let objs = self
             .api
             .list_claims(&holder_selector(&self.network, container_id, ifname))
-            .map_err(api_error)?;
+            .map_err(StoreError::from)?;
         let mut claims = self.remember(objs);
         claims.retain(|c| c.held_by(container_id, ifname));
         Ok(claims)
     }
 
-    fn list(&mut self) -> CniResult<Listing> {
+    fn list(&mut self) -> StoreResult<Listing> {
         let objs = self
             .api
             .list_claims(&network_selector(&self.network))
-            .map_err(api_error)?;
+            .map_err(StoreError::from)?;
         let claims = self.remember(objs);
         self.pool = Some(claims.iter().map(|c| (c.ip, c.clone())).collect());
         self.taken = None;
@@ -312,7 +278,7 @@ impl ClaimStore for KubeStore<'_> {
         })
     }
 
-    fn cursor(&mut self, set: usize) -> CniResult<Option<IpAddr>> {
+    fn cursor(&mut self, set: usize) -> StoreResult<Option<IpAddr>> {
         let local = match self.local.as_mut() {
             Some(local) => local.cursor(set).unwrap_or(None),
             None => None,
@@ -320,7 +286,7 @@ impl ClaimStore for KubeStore<'_> {
         Ok(local.or_else(|| self.first_cursors.get(set).copied().flatten()))
     }
 
-    fn commit(&mut self, plan: &Plan) -> CniResult<()> {
+    fn commit(&mut self, plan: &Plan) -> StoreResult<()> {
         let mut applied = Vec::new();
         for change in &plan.changes {
             if let Err(e) = self.apply(change) {
@@ -344,13 +310,13 @@ impl ClaimStore for KubeStore<'_> {
     /// taken, not the claims: a paged listing of the addresses alone keeps
     /// this path's memory flat at 60,000 claims. Claims the replan reads
     /// are fetched afresh.
-    fn conflicted(&mut self) -> CniResult<()> {
+    fn conflicted(&mut self) -> StoreResult<()> {
         self.versions.clear();
         self.pool = None;
         let taken = self
             .api
             .taken_addresses(&network_selector(&self.network))
-            .map_err(api_error)?;
+            .map_err(StoreError::from)?;
         self.taken = Some(taken);
         Ok(())
     }
@@ -443,7 +409,7 @@ mod tests {
     }
 
     /// ADD as cni_ipam does it, without the retry loop.
-    fn add_once(api: &FakeApi, r: &AddRequest) -> CniResult<Vec<IpAddr>> {
+    fn add_once(api: &FakeApi, r: &AddRequest) -> crate::store::PlanResult<Vec<IpAddr>> {
         let mut store = KubeStore::new(api, "macnet", None, vec![None]);
         let inspector = KubeInspector::new(api, node(&r.holder.node));
         let (plan, grants) = plan_add(&conf(), &mut store, &inspector, r)?;
@@ -500,7 +466,7 @@ mod tests {
         let (plan_a, _) = plan_add(&conf(), &mut store_a, &insp_a, &ra).unwrap();
         let got_b = add_once(&api, &rb).unwrap();
         let e = store_a.commit(&plan_a).unwrap_err();
-        assert_eq!(e.code, STORE_CONFLICT, "{}", e.msg);
+        assert!(matches!(e, StoreError::Conflict(_)), "{e}");
         assert_eq!(per_identity(&api)["shared"], 1);
         assert_eq!(
             api.claims.borrow().values().next().unwrap().claim.ip,
@@ -508,7 +474,7 @@ mod tests {
         );
         // Planned again, n1 finds the identity held by a running pod: 11.
         store_a.conflicted().unwrap();
-        let e = plan_add(&conf(), &mut store_a, &insp_a, &ra).unwrap_err();
+        let e = cni::CniError::from(plan_add(&conf(), &mut store_a, &insp_a, &ra).unwrap_err());
         assert_eq!(e.code, cni::code::TRY_AGAIN_LATER);
         assert!(e.msg.contains("ns/b") && e.msg.contains("n2"), "{}", e.msg);
     }
@@ -537,7 +503,7 @@ mod tests {
         })
         .unwrap();
         let e = store.commit(&plan).unwrap_err();
-        assert_eq!(e.code, STORE_CONFLICT);
+        assert!(matches!(e, StoreError::Conflict(_)), "{e}");
         // The v4 claim it had created is gone again: nothing half-done.
         assert_eq!(api.claims.borrow().len(), 1);
         assert_eq!(per_identity(&api).get("dual"), None);
@@ -561,8 +527,10 @@ mod tests {
                         done = Some(g);
                         break;
                     }
-                    Err(e) if e.code == STORE_CONFLICT => store.conflicted().unwrap(),
-                    Err(e) => panic!("{}", e.msg),
+                    Err(crate::store::PlanError::Store(StoreError::Conflict(_))) => {
+                        store.conflicted().unwrap()
+                    }
+                    Err(e) => panic!("{e}"),
                 }
             }
             assert!(done.is_some(), "ADD {i} never committed");

@@ -1,0 +1,486 @@
+//! ADD: one address per range set for the request's identity.
+
+use std::net::IpAddr;
+
+use cni::{code, CniError};
+
+use super::{AddRequest, Grant, Inspector};
+use crate::addr::{from_u128, to_u128, Family};
+use crate::claim::{Claim, Holder};
+use crate::config::{IpamConfig, Range, RangeSet};
+use crate::liveness::Verdict;
+use crate::store::{Change, ClaimStore, Plan, PlanError, PlanResult, StoreError};
+use crate::tenancy;
+use crate::wire::Origin;
+
+struct Planner<'a> {
+    conf: &'a IpamConfig,
+    store: &'a mut dyn ClaimStore,
+    inspector: &'a dyn Inspector,
+    req: &'a AddRequest,
+    plan: Plan,
+}
+
+fn refuse(msg: String) -> PlanError {
+    PlanError::Refused(CniError::new(code::TRY_AGAIN_LATER, msg))
+}
+
+impl Planner<'_> {
+    /// Whether `claim` may move to the caller: free, already the caller's,
+    /// or its holder is confirmed dead. Returns the takeover note.
+    fn takeable(&self, claim: &Claim) -> PlanResult<Option<String>> {
+        let Some(holder) = &claim.holder else {
+            return Ok(None);
+        };
+        if holder.is(&self.req.holder.container_id, &self.req.holder.ifname) {
+            return Ok(None);
+        }
+        match self.inspector.verdict(holder, Some(&self.req.caller)) {
+            Verdict::Dead(why) => Ok(Some(format!(
+                "took {} over from {}: {why}",
+                claim.ip,
+                holder.describe()
+            ))),
+            Verdict::Alive(why) => Err(refuse(format!(
+                "{} on network {:?} (identity {:?}) is held by {}, which is considered alive: {why}; the address is handed over as soon as that holder is confirmed dead, and kubelet retries this ADD",
+                claim.ip,
+                self.conf.network,
+                claim.identity,
+                holder.describe()
+            ))),
+        }
+    }
+
+    fn new_claim(&self, ip: IpAddr) -> Claim {
+        Claim {
+            ip,
+            identity: self.req.identity.key.clone(),
+            sticky: self.req.identity.sticky,
+            holder: Some(self.req.holder.clone()),
+            owner: self.req.identity.owner.clone(),
+            namespace: self.req.holder.pod_namespace.clone(),
+            created: self.req.now,
+            updated: self.req.now,
+        }
+    }
+
+    fn origin_of(&self, previous: Option<&Holder>) -> Origin {
+        Origin::from_holder(
+            previous,
+            &self.req.holder,
+            self.req.caller.pod_uid.as_deref(),
+        )
+    }
+
+    fn planned(&self, ip: IpAddr) -> bool {
+        self.plan
+            .changes
+            .iter()
+            .any(|c| c.after.as_ref().is_some_and(|a| a.ip == ip))
+    }
+
+    fn range_of(&self, set: &RangeSet, ip: IpAddr) -> Range {
+        // Callers only pass addresses of `set`.
+        set.range_of(ip)
+            .cloned()
+            .unwrap_or_else(|| set.ranges[0].clone())
+    }
+
+    /// The identity's existing claim in a set: rebind it to the caller.
+    fn keep(&mut self, set: &RangeSet, claim: &Claim) -> PlanResult<Grant> {
+        let took_over = self.takeable(claim)?;
+        // A retried ADD by the same attachment writes nothing.
+        // A claim stored before namespaces were recorded binds now.
+        let namespace = claim
+            .namespace
+            .clone()
+            .or_else(|| self.req.holder.pod_namespace.clone());
+        let unchanged = claim.held_by(&self.req.holder.container_id, &self.req.holder.ifname)
+            && claim.holder.as_ref().map(|h| &h.netns) == Some(&self.req.holder.netns)
+            && claim.sticky == self.req.identity.sticky
+            && claim.owner == self.req.identity.owner
+            && claim.namespace == namespace;
+        if !unchanged {
+            self.plan.changes.push(Change {
+                before: Some(claim.clone()),
+                after: Some(Claim {
+                    holder: Some(self.req.holder.clone()),
+                    sticky: self.req.identity.sticky,
+                    owner: self.req.identity.owner.clone(),
+                    namespace,
+                    updated: self.req.now,
+                    ..claim.clone()
+                }),
+            });
+        }
+        Ok(Grant {
+            ip: claim.ip,
+            range: self.range_of(set, claim.ip),
+            displaced: took_over.as_ref().and(claim.holder.clone()),
+            origin: self.origin_of(claim.holder.as_ref()),
+            took_over,
+        })
+    }
+
+    /// A specific address (requested or reserved) for the identity.
+    fn claim_specific(&mut self, set: &RangeSet, ip: IpAddr, reserved: bool) -> PlanResult<Grant> {
+        let existing = self.store.claim(ip)?;
+        let mut took_over = None;
+        if let Some(other) = &existing {
+            if other.identity == self.req.identity.key {
+                return self.keep(set, other);
+            }
+            if other.sticky && !reserved {
+                return Err(refuse(format!(
+                    "requested address {ip} on network {:?} is reserved by sticky identity {:?}: request another address, or release it with `sticky-macvlan release --ip {ip}`",
+                    self.conf.network, other.identity
+                )));
+            }
+            took_over = self.takeable(other)?;
+        }
+        let displaced = existing.as_ref().and_then(|c| c.holder.clone());
+        let origin = match &existing {
+            None => Origin::Fresh,
+            Some(c) => self.origin_of(c.holder.as_ref()),
+        };
+        self.plan.changes.push(Change {
+            before: existing,
+            after: Some(self.new_claim(ip)),
+        });
+        Ok(Grant {
+            ip,
+            range: self.range_of(set, ip),
+            displaced: took_over.as_ref().and(displaced),
+            took_over,
+            origin,
+        })
+    }
+
+    fn is_allocatable(&self, range: &Range, ip: IpAddr) -> bool {
+        !range.is_special(ip)
+            && !self.conf.is_excluded(ip)
+            && self.conf.reserved_for(ip).is_none()
+            && !self.planned(ip)
+    }
+
+    /// Next-fit from the set's cursor: a freed address is not handed out
+    /// again until the walk comes round (stale ARP/conntrack on peers).
+    fn next_fit(&mut self, index: usize, set: &RangeSet) -> PlanResult<Grant> {
+        let cursor = self.store.cursor(index)?;
+        let mut scanned: u128 = 0;
+        for (range, ip) in ring(set, cursor) {
+            if scanned >= self.conf.max_scan {
+                break;
+            }
+            scanned += 1;
+            if !self.is_allocatable(range, ip) {
+                continue;
+            }
+            match self.store.candidate_taken(ip) {
+                Ok(false) => {
+                    self.plan.changes.push(Change {
+                        before: None,
+                        after: Some(self.new_claim(ip)),
+                    });
+                    self.plan.cursors.push((index, ip));
+                    return Ok(Grant {
+                        ip,
+                        range: range.clone(),
+                        took_over: None,
+                        displaced: None,
+                        origin: Origin::Fresh,
+                    });
+                }
+                Ok(true) => {}
+                // Never hand out an address whose record cannot be read.
+                Err(StoreError::Damaged(why)) => cni::log::warn(&why),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.reclaim(index, set, scanned)
+    }
+
+    /// The pool is full: take the address of a dynamic claim whose holder is
+    /// confirmed dead (no cron job, no human). Sticky claims stay reserved,
+    /// unless their StatefulSet was deleted and nobody holds them.
+    fn reclaim(&mut self, index: usize, set: &RangeSet, scanned: u128) -> PlanResult<Grant> {
+        let listing = self.store.list()?;
+        let mut live = 0usize;
+        let mut idle_sticky = Vec::new();
+        let mut claimed = 0usize;
+        for claim in listing.claims.iter().filter(|c| set.contains(c.ip)) {
+            claimed += 1;
+            if self.planned(claim.ip) {
+                continue;
+            }
+            let verdict = claim
+                .holder
+                .as_ref()
+                .map(|h| self.inspector.verdict(h, Some(&self.req.caller)));
+            let dead = verdict.as_ref().is_none_or(Verdict::is_dead);
+            let retired = claim
+                .owner
+                .as_ref()
+                .filter(|_| claim.sticky && dead)
+                .is_some_and(|o| self.inspector.owner_retired(o));
+            if claim.sticky && !retired {
+                if dead {
+                    idle_sticky.push(claim.identity.clone());
+                } else {
+                    live += 1;
+                }
+                continue;
+            }
+            if !dead {
+                live += 1;
+                continue;
+            }
+            let range = self.range_of(set, claim.ip);
+            if !self.is_allocatable(&range, claim.ip) {
+                continue;
+            }
+            let took_over =
+                Some(match (&claim.holder, &verdict) {
+                    _ if retired => {
+                        format!(
+                    "reclaimed {} of identity {:?} (pool exhausted): its {} {}/{} was deleted",
+                    claim.ip,
+                    claim.identity,
+                    claim.owner.as_ref().map(|o| o.kind.as_str()).unwrap_or_default(),
+                    claim.owner.as_ref().map(|o| o.namespace.as_str()).unwrap_or_default(),
+                    claim.owner.as_ref().map(|o| o.name.as_str()).unwrap_or_default()
+                )
+                    }
+                    (Some(h), Some(v)) => format!(
+                        "reclaimed {} from {} (pool exhausted): {}",
+                        claim.ip,
+                        h.describe(),
+                        v.reason()
+                    ),
+                    _ => format!("reclaimed {} (pool exhausted): it had no holder", claim.ip),
+                });
+            self.plan.changes.push(Change {
+                before: Some(claim.clone()),
+                after: Some(self.new_claim(claim.ip)),
+            });
+            self.plan.cursors.push((index, claim.ip));
+            return Ok(Grant {
+                ip: claim.ip,
+                range,
+                took_over,
+                displaced: claim.holder.clone(),
+                origin: self.origin_of(claim.holder.as_ref()),
+            });
+        }
+        let size = set.size();
+        let scope = if scanned < size {
+            format!(" among the {scanned} addresses scanned (ipam.maxScan)")
+        } else {
+            String::new()
+        };
+        idle_sticky.sort();
+        let sample: Vec<&str> = idle_sticky.iter().take(5).map(String::as_str).collect();
+        let sticky_note = if idle_sticky.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {} reserved by sticky identities without a live holder ({}{})",
+                idle_sticky.len(),
+                sample.join(", "),
+                if idle_sticky.len() > sample.len() {
+                    ", ..."
+                } else {
+                    ""
+                }
+            )
+        };
+        // Reserved addresses nobody claimed yet are never handed out either.
+        let mut held_back: Vec<String> = self
+            .conf
+            .reservations
+            .iter()
+            .flat_map(|(id, ips)| ips.iter().map(move |ip| (id, ip)))
+            .filter(|(_, ip)| set.contains(**ip))
+            .filter(|(_, ip)| !listing.claims.iter().any(|c| c.ip == **ip))
+            .map(|(id, ip)| format!("{ip} for {id:?}"))
+            .collect();
+        held_back.sort();
+        let reserved_note = if held_back.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {} held back by ipam.reservations ({})",
+                held_back.len(),
+                held_back.join(", ")
+            )
+        };
+        let damaged = listing.damaged.len();
+        let damaged_note = if damaged > 0 {
+            format!(", {damaged} damaged records (see `sticky-macvlan claims`)")
+        } else {
+            String::new()
+        };
+        Err(refuse(format!(
+            "no free address in range set {} of network {:?}{scope}: {claimed} claimed, {live} by live holders{sticky_note}{reserved_note}{damaged_note}; widen the range, scale down, or release a sticky identity with `sticky-macvlan release --identity ID`",
+            set.describe(),
+            self.conf.network
+        )))
+    }
+}
+
+/// Every address of a set once, starting after `cursor` and wrapping.
+fn ring(set: &RangeSet, cursor: Option<IpAddr>) -> impl Iterator<Item = (&Range, IpAddr)> + '_ {
+    let start = cursor.and_then(|c| {
+        set.ranges
+            .iter()
+            .position(|r| r.contains(c))
+            .map(|i| (i, to_u128(c)))
+    });
+    let n = set.ranges.len();
+    let mut segments: Vec<(usize, u128, u128)> = Vec::new();
+    match start {
+        None => {
+            for i in 0..n {
+                let s = set.ranges[i].span();
+                segments.push((i, s.first, s.last));
+            }
+        }
+        Some((i, at)) => {
+            let s = set.ranges[i].span();
+            if at < s.last {
+                segments.push((i, at + 1, s.last));
+            }
+            for k in 1..n {
+                let j = (i + k) % n;
+                let sj = set.ranges[j].span();
+                segments.push((j, sj.first, sj.last));
+            }
+            segments.push((i, s.first, at));
+        }
+    }
+    segments.into_iter().flat_map(move |(i, first, last)| {
+        let range = &set.ranges[i];
+        let family: Family = range.family();
+        (first..=last).map(move |n| (range, from_u128(family, n)))
+    })
+}
+
+/// Plans an ADD: one address per range set for the request's identity.
+pub fn plan_add(
+    conf: &IpamConfig,
+    store: &mut dyn ClaimStore,
+    inspector: &dyn Inspector,
+    req: &AddRequest,
+) -> PlanResult<(Plan, Vec<Grant>)> {
+    let mut requested: Vec<(usize, IpAddr)> = Vec::new();
+    for ip in &req.requested {
+        let Some(set) = conf.set_of(*ip) else {
+            return Err(CniError::invalid_config(format!(
+                "requested address {ip} is outside every range of network {:?}",
+                conf.network
+            ))
+            .into());
+        };
+        if requested.iter().any(|(s, _)| *s == set) {
+            return Err(CniError::invalid_config(format!(
+                "two requested addresses fall in range set {}: request one address per range set",
+                conf.range_sets[set].describe()
+            ))
+            .into());
+        }
+        let range = conf.range_sets[set].range_of(*ip);
+        if range.is_some_and(|r| r.is_special(*ip)) || conf.is_excluded(*ip) {
+            return Err(CniError::invalid_config(format!(
+                "requested address {ip} is the gateway, network or broadcast address or excluded on network {:?}",
+                conf.network
+            ))
+            .into());
+        }
+        if let Some(owner) = conf.reserved_for(*ip) {
+            if owner != req.identity.key {
+                return Err(CniError::invalid_config(format!(
+                    "requested address {ip} is reserved for identity {owner:?} in ipam.reservations"
+                ))
+                .into());
+            }
+        }
+        requested.push((set, *ip));
+    }
+
+    let mine = store.claims_of_identity(&req.identity.key)?;
+    tenancy::check(
+        conf,
+        &req.identity,
+        &mine,
+        req.holder.pod_namespace.as_deref(),
+    )?;
+    let mut planner = Planner {
+        conf,
+        store,
+        inspector,
+        req,
+        plan: Plan::default(),
+    };
+    let mut grants = Vec::new();
+    for (index, set) in conf.range_sets.iter().enumerate() {
+        let in_set: Vec<&Claim> = mine.iter().filter(|c| set.contains(c.ip)).collect();
+        // Normally at most one; two are left only by a crash between a
+        // racing create and its back-out (kubernetes store). Keep the
+        // caller's (else the first) and drop the rest where takeable.
+        let current = in_set
+            .iter()
+            .copied()
+            .find(|c| c.held_by(&req.holder.container_id, &req.holder.ifname))
+            .or(in_set.first().copied());
+        for extra in in_set
+            .iter()
+            .filter(|c| current.is_some_and(|k| k.ip != c.ip))
+        {
+            planner.takeable(extra)?;
+            planner.plan.changes.push(Change {
+                before: Some((*extra).clone()),
+                after: None,
+            });
+        }
+        let reserved = conf
+            .reservations
+            .get(&req.identity.key)
+            .and_then(|ips| ips.iter().copied().find(|ip| set.contains(*ip)));
+        let asked = requested
+            .iter()
+            .find(|(s, _)| *s == index)
+            .map(|(_, ip)| *ip);
+        let target = asked.or(reserved);
+        if let Some(claim) = current {
+            if target.is_none_or(|t| t == claim.ip) {
+                grants.push(planner.keep(set, claim)?);
+                continue;
+            }
+            // The identity moves to the address now asked for.
+            planner.takeable(claim)?;
+            planner.plan.changes.push(Change {
+                before: Some(claim.clone()),
+                after: None,
+            });
+        }
+        let grant = match target {
+            Some(ip) => planner.claim_specific(set, ip, asked.is_none())?,
+            None => planner.next_fit(index, set)?,
+        };
+        grants.push(grant);
+    }
+    // Claims left in no configured range (the ranges changed) would be a
+    // second address for the identity: drop them.
+    for claim in mine.iter().filter(|c| conf.set_of(c.ip).is_none()) {
+        planner.takeable(claim)?;
+        planner.plan.changes.push(Change {
+            before: Some(claim.clone()),
+            after: None,
+        });
+    }
+    Ok((planner.plan, grants))
+}
+
+#[cfg(test)]
+#[path = "add_tests.rs"]
+mod tests;

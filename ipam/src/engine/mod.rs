@@ -1,0 +1,65 @@
+//! The decisions: which address an ADD gets (`add`: the identity's claim,
+//! a reservation, a requested address, next-fit, reclaim on exhaustion;
+//! degraded mode's same-pod re-ADD), and what DEL, GC, reconcile,
+//! retirement, an operator's release and a failed ADD's undo change
+//! (`release`). Each `plan_*` reads through `ClaimStore` and asks
+//! `Inspector` for liveness verdicts, and returns a `Plan`; nothing is
+//! written until the caller commits the whole plan, so a refusal in any
+//! range set changes nothing (invariant 5).
+
+use std::net::IpAddr;
+
+use crate::claim::Holder;
+use crate::config::Range;
+use crate::identity::Identity;
+use crate::liveness::{Caller, Verdict};
+use crate::wire::Origin;
+
+mod add;
+mod degraded;
+mod release;
+#[cfg(test)]
+mod test_support;
+
+pub use add::plan_add;
+pub use degraded::plan_degraded;
+pub use release::{
+    plan_del, plan_gc, plan_reconcile, plan_release, plan_retire, plan_undo, release_holder,
+    ReleaseTarget, Released,
+};
+
+/// The liveness seam: the real one looks at netns paths, tests script it.
+pub trait Inspector {
+    fn verdict(&self, holder: &Holder, caller: Option<&Caller>) -> Verdict;
+    /// Whether a sticky identity's owner (a StatefulSet) was deleted, so
+    /// its reserved address may go back to the pool. Without the API
+    /// nothing is known, so nothing retires.
+    fn owner_retired(&self, _owner: &crate::claim::Owner) -> bool {
+        false
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AddRequest {
+    pub identity: Identity,
+    /// The attachment asking, as it will be recorded.
+    pub holder: Holder,
+    pub caller: Caller,
+    /// Addresses asked for by runtimeConfig.ips, `CNI_ARGS` IP= or args.cni.ips.
+    pub requested: Vec<IpAddr>,
+    pub now: u64,
+}
+
+/// One address handed out by an ADD.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub ip: IpAddr,
+    pub range: Range,
+    /// Set when the address was taken from another holder: who and why.
+    pub took_over: Option<String>,
+    /// The holder the address was taken from (judged dead), if any.
+    pub displaced: Option<Holder>,
+    /// Where the address came from: what decides whether the wire must
+    /// confirm it (`wire::needs_wire_check`).
+    pub origin: Origin,
+}

@@ -1,0 +1,232 @@
+//! What DEL, GC, reconcile, retirement, an operator's release and a
+//! failed ADD's undo change.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use cni::{code, CniError};
+
+use super::Inspector;
+use crate::claim::Claim;
+use crate::liveness::Verdict;
+use crate::store::{Change, ClaimStore, Plan, PlanResult};
+
+/// The change that releases a claim's holder: a sticky claim stays
+/// reserved to its identity, a dynamic one frees its address.
+pub fn release_holder(claim: &Claim, now: u64) -> Change {
+    let after = claim.sticky.then(|| Claim {
+        holder: None,
+        updated: now,
+        ..claim.clone()
+    });
+    Change {
+        before: Some(claim.clone()),
+        after,
+    }
+}
+
+/// DEL: releases what this attachment holds; anyone else's DEL is a no-op
+/// (invariant 3), and a second DEL finds nothing (invariant 4).
+pub fn plan_del(
+    store: &mut dyn ClaimStore,
+    container_id: &str,
+    ifname: &str,
+    now: u64,
+) -> PlanResult<Plan> {
+    let held = store.claims_of_holder(container_id, ifname)?;
+    Ok(Plan {
+        changes: held.iter().map(|c| release_holder(c, now)).collect(),
+        cursors: vec![],
+    })
+}
+
+/// GC: releases holders on this node that are not among the runtime's
+/// valid attachments.
+pub fn plan_gc(
+    store: &mut dyn ClaimStore,
+    node: &str,
+    keep: &BTreeSet<(String, String)>,
+    now: u64,
+) -> PlanResult<Plan> {
+    let listing = store.list()?;
+    let changes = listing
+        .claims
+        .iter()
+        .filter(|c| {
+            c.holder.as_ref().is_some_and(|h| {
+                h.node == node && !keep.contains(&(h.container_id.clone(), h.ifname.clone()))
+            })
+        })
+        .map(|c| release_holder(c, now))
+        .collect();
+    Ok(Plan {
+        changes,
+        cursors: vec![],
+    })
+}
+
+/// One released holder, for reconcile's report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Released {
+    pub ip: IpAddr,
+    pub identity: String,
+    pub why: String,
+}
+
+/// reconcile: releases every holder confirmed dead.
+pub fn plan_reconcile(
+    store: &mut dyn ClaimStore,
+    inspector: &dyn Inspector,
+    now: u64,
+) -> PlanResult<(Plan, Vec<Released>, usize)> {
+    let listing = store.list()?;
+    let mut plan = Plan::default();
+    let mut released = Vec::new();
+    let mut alive = 0;
+    for claim in &listing.claims {
+        let Some(holder) = &claim.holder else {
+            if !claim.sticky {
+                plan.changes.push(release_holder(claim, now));
+                released.push(Released {
+                    ip: claim.ip,
+                    identity: claim.identity.clone(),
+                    why: "dynamic claim without a holder".into(),
+                });
+            }
+            continue;
+        };
+        match inspector.verdict(holder, None) {
+            Verdict::Dead(why) => {
+                plan.changes.push(release_holder(claim, now));
+                released.push(Released {
+                    ip: claim.ip,
+                    identity: claim.identity.clone(),
+                    why: format!("{}: {why}", holder.describe()),
+                });
+            }
+            Verdict::Alive(_) => alive += 1,
+        }
+    }
+    Ok((plan, released, alive))
+}
+
+/// Retires the sticky claims of identities whose owner (a StatefulSet)
+/// was deleted (`Inspector::owner_retired`): their address goes back to
+/// the pool once no live holder uses it.
+pub fn plan_retire(
+    store: &mut dyn ClaimStore,
+    inspector: &dyn Inspector,
+) -> PlanResult<(Plan, Vec<Released>)> {
+    let listing = store.list()?;
+    let mut plan = Plan::default();
+    let mut out = Vec::new();
+    for claim in &listing.claims {
+        let Some(owner) = claim.owner.as_ref().filter(|o| inspector.owner_retired(o)) else {
+            continue;
+        };
+        if let Some(h) = &claim.holder {
+            if !inspector.verdict(h, None).is_dead() {
+                continue;
+            }
+        }
+        plan.changes.push(Change {
+            before: Some(claim.clone()),
+            after: None,
+        });
+        out.push(Released {
+            ip: claim.ip,
+            identity: claim.identity.clone(),
+            why: format!(
+                "{} {}/{} was deleted",
+                owner.kind, owner.namespace, owner.name
+            ),
+        });
+    }
+    Ok((plan, out))
+}
+
+/// Undoes a committed ADD plan after the rest of the ADD failed, claim by
+/// claim, only where nobody changed the claim since (invariant 5).
+pub fn plan_undo(store: &mut dyn ClaimStore, done: &Plan) -> PlanResult<Plan> {
+    let mut undo = Plan::default();
+    for change in done.changes.iter().rev() {
+        let Some(ip) = change.ip() else { continue };
+        let current = store.claim(ip)?;
+        if current == change.after {
+            undo.changes.push(change.inverse());
+        }
+    }
+    Ok(undo)
+}
+
+/// What an operator's `release` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseTarget {
+    Address(IpAddr),
+    Identity(String),
+}
+
+/// The operator's release: deletes the target's claims. Refused (code 11)
+/// while a holder is considered alive, unless `force`; a target with no
+/// claim is an error saying so (code 7), so a mistyped address or network
+/// is never a silent success.
+pub fn plan_release(
+    store: &mut dyn ClaimStore,
+    inspector: &dyn Inspector,
+    network: &str,
+    target: &ReleaseTarget,
+    force: bool,
+) -> PlanResult<(Plan, Vec<Claim>)> {
+    let targets: Vec<Claim> = match target {
+        ReleaseTarget::Address(ip) => store.claim(*ip)?.into_iter().collect(),
+        ReleaseTarget::Identity(id) => store.claims_of_identity(id)?,
+    };
+    if targets.is_empty() {
+        let what = match target {
+            ReleaseTarget::Address(ip) => format!("no claim of network {network:?} holds {ip}"),
+            ReleaseTarget::Identity(id) => {
+                format!("identity {id:?} has no claim on network {network:?}")
+            }
+        };
+        let listing = store.list()?;
+        let span = match (listing.claims.first(), listing.claims.last()) {
+            (Some(lo), Some(hi)) => format!("its claims run from {} to {}", lo.ip, hi.ip),
+            _ => "it has no claims".to_string(),
+        };
+        return Err(CniError::invalid_config(format!(
+            "{what}, so nothing was released ({span}): an address outside the network's ranges is never claimed; `sticky-macvlan claims --network {network}` lists what is"
+        ))
+        .into());
+    }
+    if !force {
+        for c in &targets {
+            let Some(h) = &c.holder else { continue };
+            if let Verdict::Alive(why) = inspector.verdict(h, None) {
+                return Err(CniError::new(
+                    code::TRY_AGAIN_LATER,
+                    format!(
+                        "{} is held by {}, which is considered alive ({why}): stop it first, or pass --force if you know it is gone",
+                        c.ip,
+                        h.describe()
+                    ),
+                )
+                .into());
+            }
+        }
+    }
+    let plan = Plan {
+        changes: targets
+            .iter()
+            .map(|c| Change {
+                before: Some(c.clone()),
+                after: None,
+            })
+            .collect(),
+        cursors: vec![],
+    };
+    Ok((plan, targets))
+}
+
+#[cfg(test)]
+#[path = "release_tests.rs"]
+mod tests;

@@ -1,0 +1,143 @@
+use super::*;
+use crate::claim::Holder;
+use crate::engine::test_support::*;
+use crate::engine::{plan_add, Inspector};
+use crate::liveness::{Caller, Verdict};
+use crate::store::memory::MemoryStore;
+use crate::store::ClaimStore;
+use cni::code;
+use cni::CniError;
+
+#[test]
+fn retired_owners_free_their_sticky_claims_once_unheld() {
+    /// Containers listed are alive; the StatefulSet "db" was deleted.
+    struct DbGone(Alive);
+    impl Inspector for DbGone {
+        fn verdict(&self, h: &Holder, c: Option<&Caller>) -> Verdict {
+            self.0.verdict(h, c)
+        }
+        fn owner_retired(&self, o: &crate::claim::Owner) -> bool {
+            o.name == "db"
+        }
+    }
+    let c = small();
+    let mut s = MemoryStore::default();
+    let alive = DbGone(Alive(vec!["a"]));
+    let owner = |name: &str| crate::claim::Owner {
+        kind: "StatefulSet".into(),
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+    };
+    for (id, cid, set) in [
+        ("ns/db-0", "a", "db"),
+        ("ns/db-1", "b", "db"),
+        ("ns/web-0", "c", "web"),
+    ] {
+        let mut r = req(id, true, cid);
+        r.identity.owner = Some(owner(set));
+        add(&c, &mut s, &alive, &r).unwrap();
+    }
+    let (plan, out) = plan_retire(&mut s, &alive).unwrap();
+    // db-0's holder is alive: kept until it goes; db-1's is dead.
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].identity, "ns/db-1");
+    assert!(out[0].why.contains("StatefulSet ns/db was deleted"));
+    s.commit(&plan).unwrap();
+    assert_eq!(s.claims.len(), 2);
+}
+
+#[test]
+fn del_gc_reconcile_and_undo() {
+    let c = small();
+    let mut s = MemoryStore::default();
+    let a = Alive(vec!["p1", "p2", "p3"]);
+    add(&c, &mut s, &a, &req("sticky", true, "p1")).unwrap();
+    add(&c, &mut s, &a, &req("dyn", false, "p2")).unwrap();
+    // DEL by a stranger is a no-op.
+    assert!(plan_del(&mut s, "stranger", "net1", 1).unwrap().is_empty());
+    // GC keeps p1 only: p2's dynamic claim goes.
+    let keep: BTreeSet<(String, String)> = [("p1".to_string(), "net1".to_string())].into();
+    let gc = plan_gc(&mut s, "n1", &keep, 1).unwrap();
+    s.commit(&gc).unwrap();
+    assert_eq!(s.claims.len(), 1);
+    // GC for another node touches nothing.
+    assert!(plan_gc(&mut s, "n2", &BTreeSet::new(), 1)
+        .unwrap()
+        .is_empty());
+    // Reconcile: p1 dies -> released but still reserved to "sticky".
+    let (plan, released, alive) = plan_reconcile(&mut s, &Alive(vec![]), 1).unwrap();
+    assert_eq!((released.len(), alive), (1, 0));
+    s.commit(&plan).unwrap();
+    assert!(s.claims.values().next().unwrap().holder.is_none());
+    // Undo of a takeover restores the old holder exactly.
+    let before = s.claims.clone();
+    let (plan, _) = plan_add(&c, &mut s, &a, &req("sticky", true, "p3")).unwrap();
+    s.commit(&plan).unwrap();
+    let undo = plan_undo(&mut s, &plan).unwrap();
+    s.commit(&undo).unwrap();
+    assert_eq!(s.claims, before);
+}
+
+#[test]
+fn an_operator_release_is_planned_like_any_other_change() {
+    let c = small();
+    let mut s = MemoryStore::default();
+    let alive = Alive(vec!["a"]);
+    add(&c, &mut s, &alive, &req("peer-a", true, "a")).unwrap();
+    add(&c, &mut s, &alive, &req("peer-b", true, "b")).unwrap();
+    let ip_a = s
+        .claims
+        .values()
+        .find(|c| c.identity == "peer-a")
+        .unwrap()
+        .ip;
+    let release = |s: &mut MemoryStore, target: &ReleaseTarget, force: bool| {
+        plan_release(s, &alive, "net", target, force).map_err(CniError::from)
+    };
+    // (target, force, released identities or the refusal's code and text)
+    type Case<'a> = (ReleaseTarget, bool, Result<Vec<&'a str>, (u32, &'a str)>);
+    let cases: Vec<Case> = vec![
+        (
+            ReleaseTarget::Address(ip_a),
+            false,
+            Err((code::TRY_AGAIN_LATER, "considered alive")),
+        ),
+        (
+            ReleaseTarget::Identity("peer-a".into()),
+            false,
+            Err((code::TRY_AGAIN_LATER, "--force")),
+        ),
+        (ReleaseTarget::Address(ip_a), true, Ok(vec!["peer-a"])),
+        (
+            ReleaseTarget::Identity("peer-b".into()),
+            false,
+            Ok(vec!["peer-b"]),
+        ),
+        (
+            ReleaseTarget::Identity("nobody".into()),
+            false,
+            Err((code::INVALID_CONFIG, "has no claim")),
+        ),
+        (
+            ReleaseTarget::Address("192.0.2.7".parse().unwrap()),
+            true,
+            Err((code::INVALID_CONFIG, "nothing was released")),
+        ),
+    ];
+    for (target, force, want) in cases {
+        let got = release(&mut s.clone(), &target, force);
+        match (got, want) {
+            (Ok((plan, claims)), Ok(ids)) => {
+                let released: Vec<&str> = claims.iter().map(|c| c.identity.as_str()).collect();
+                assert_eq!(released, ids, "{target:?}");
+                assert!(plan.changes.iter().all(|ch| ch.after.is_none()), "{plan:?}");
+            }
+            (Err(e), Err((code, says))) => {
+                assert_eq!(e.code, code, "{target:?}: {e}");
+                assert!(e.msg.contains(says), "{target:?}: {}", e.msg);
+            }
+            (got, want) => panic!("{target:?}: got {got:?}, want {want:?}"),
+        }
+    }
+}
