@@ -26,6 +26,8 @@ python3 -m kubernetes_validate --strict --quiet examples/*.yaml
 
 cargo fmt --check
 cargo clippy --workspace --all-targets -- -D warnings
+# No module of a crate imports another that imports it back.
+for crate in cni plugin ipam e2e; do python3 scripts/check-layers.py "$crate/src"; done
 cargo build --workspace
 
 # The real CNI client, built with Debian's Go in GOPATH mode.

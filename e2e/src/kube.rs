@@ -254,7 +254,7 @@ impl StandIn {
                 "name": set, "uid": uid, "controller": true}]);
         }
         if let Some(id) = annotation {
-            meta["annotations"] = json!({sticky_ipam::kube::IDENTITY_ANNOTATION: id});
+            meta["annotations"] = json!({sticky_ipam::pod::IDENTITY_ANNOTATION: id});
         }
         let pod = self.create(
             &format!("/api/v1/namespaces/{ns}/pods"),

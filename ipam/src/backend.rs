@@ -8,11 +8,10 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use crate::config::{IpamConfig, StoreKind};
-use crate::engine::Inspector;
 use crate::kube::client::KubeClient;
 use crate::kube::liveness::KubeInspector;
 use crate::kube::KubeApi;
-use crate::liveness::NodeFacts;
+use crate::liveness::{Inspector, NodeFacts};
 use crate::store::file::FileStore;
 use crate::store::ipclaim::{local_dir, KubeStore};
 use crate::store::{ClaimStore, Listing, Plan, StoreError, StoreResult};

@@ -6,6 +6,31 @@ use std::net::IpAddr;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// Longer identities are refused: a namespace (63) + '/' + a pod name
+/// (253) fits, a 10 KB blob does not.
+pub const MAX_IDENTITY_LEN: usize = 320;
+
+/// Identity strings come from users and runtimes; they are hashed before
+/// they touch a path, and bounded and printable here.
+pub fn validate_identity(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("is empty: an identity needs at least one character".into());
+    }
+    if id.len() > MAX_IDENTITY_LEN {
+        return Err(format!(
+            "is {} bytes long: identities are at most {MAX_IDENTITY_LEN} bytes",
+            id.len()
+        ));
+    }
+    if let Some(c) = id.chars().find(|c| c.is_control()) {
+        return Err(format!(
+            "{:.40?} contains the control character {c:?}: identities must be printable",
+            id
+        ));
+    }
+    Ok(())
+}
+
 /// The attachment that currently uses a claim's address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

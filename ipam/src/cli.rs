@@ -15,12 +15,10 @@ use crate::backend::Backend;
 use crate::claim::{now_secs, Claim, Holder};
 use crate::config::DEFAULT_STORE_DIR;
 use crate::cri::SandboxRuntime;
-use crate::engine::{
-    plan_reconcile, plan_release, plan_retire, Inspector, ReleaseTarget, Released,
-};
+use crate::engine::{plan_reconcile, plan_release, plan_retire, ReleaseTarget, Released};
 use crate::identity::dynamic_key;
 use crate::kube::client::KubeClient;
-use crate::liveness::{NodeFacts, Verdict};
+use crate::liveness::{Inspector, NodeFacts, Verdict};
 use crate::store::file::FileStore;
 use crate::store::retry::with_retries;
 use crate::store::{Change, ClaimStore, Plan, PlanError, PlanResult, StoreError};

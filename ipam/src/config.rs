@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::addr::{parse_ip_maybe_cidr, parse_span, to_u128, Family, Span};
-use crate::identity::validate_identity;
+use crate::claim::validate_identity;
 
 pub const DEFAULT_STORE_DIR: &str = "/var/lib/cni/sticky-ipam";
 

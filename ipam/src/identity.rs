@@ -7,13 +7,9 @@
 use cni::{CniArgs, CniError, CniResult};
 use serde_json::{Map, Value};
 
-use crate::claim::Owner;
+use crate::claim::{validate_identity, Owner};
 use crate::config::{IdentityPolicy, IpamConfig};
-use crate::kube::{PodFacts, IDENTITY_ANNOTATION};
-
-/// Longer identities are refused: a namespace (63) + '/' + a pod name
-/// (253) fits, a 10 KB blob does not.
-pub const MAX_IDENTITY_LEN: usize = 320;
+use crate::pod::{PodFacts, IDENTITY_ANNOTATION};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdentitySource {
@@ -45,27 +41,6 @@ pub struct Identity {
     pub source: IdentitySource,
     /// The StatefulSet a StatefulSet pod's identity belongs to.
     pub owner: Option<Owner>,
-}
-
-/// Identity strings come from users and runtimes; they are hashed before
-/// they touch a path, and bounded and printable here.
-pub fn validate_identity(id: &str) -> Result<(), String> {
-    if id.is_empty() {
-        return Err("is empty: an identity needs at least one character".into());
-    }
-    if id.len() > MAX_IDENTITY_LEN {
-        return Err(format!(
-            "is {} bytes long: identities are at most {MAX_IDENTITY_LEN} bytes",
-            id.len()
-        ));
-    }
-    if let Some(c) = id.chars().find(|c| c.is_control()) {
-        return Err(format!(
-            "{:.40?} contains the control character {c:?}: identities must be printable",
-            id
-        ));
-    }
-    Ok(())
 }
 
 pub fn dynamic_key(container_id: &str, ifname: &str) -> String {

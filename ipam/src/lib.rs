@@ -9,6 +9,7 @@ pub mod engine;
 pub mod identity;
 pub mod kube;
 pub mod liveness;
+pub mod pod;
 pub mod store;
 pub mod system;
 pub mod tenancy;

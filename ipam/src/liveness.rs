@@ -49,6 +49,17 @@ impl Verdict {
     }
 }
 
+/// The liveness seam: the real one looks at netns paths, tests script it.
+pub trait Inspector {
+    fn verdict(&self, holder: &Holder, caller: Option<&Caller>) -> Verdict;
+    /// Whether a sticky identity's owner (a StatefulSet) was deleted, so
+    /// its reserved address may go back to the pool. Without the API
+    /// nothing is known, so nothing retires.
+    fn owner_retired(&self, _owner: &crate::claim::Owner) -> bool {
+        false
+    }
+}
+
 /// Whether the holder's netns is worth looking at from here.
 pub fn is_local(holder: &Holder, node: &NodeFacts) -> bool {
     holder.node == node.node && holder.boot_id == node.boot_id && !holder.netns.is_empty()

@@ -6,9 +6,9 @@ use std::path::Path;
 
 use crate::claim::Holder;
 use crate::cri::{CriClient, SandboxRuntime};
-use crate::engine::Inspector;
 use crate::liveness::{
-    is_local, judge, judge_by_runtime, needs_runtime, Caller, NetnsState, NodeFacts, Verdict,
+    is_local, judge, judge_by_runtime, needs_runtime, Caller, Inspector, NetnsState, NodeFacts,
+    Verdict,
 };
 
 fn read_trimmed(path: &str) -> Option<String> {

@@ -7,43 +7,11 @@
 use serde::Deserialize;
 
 use crate::datapath::arp::ProbeSpec;
+pub use crate::datapath::MacvlanMode;
 
 pub use crate::cni::conf::{sniff_version, IpamSection};
 use crate::cni::conf::{typed, CommonConf};
 use crate::cni::{CniError, CniResult};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MacvlanMode {
-    Bridge,
-    Private,
-    Vepa,
-    Passthru,
-}
-
-impl MacvlanMode {
-    pub fn parse(s: &str) -> CniResult<MacvlanMode> {
-        Ok(match s {
-            "" | "bridge" => MacvlanMode::Bridge,
-            "private" => MacvlanMode::Private,
-            "vepa" => MacvlanMode::Vepa,
-            "passthru" => MacvlanMode::Passthru,
-            other => {
-                return Err(CniError::invalid_config(format!(
-                "unknown macvlan mode {other:?}: set \"mode\" to bridge, private, vepa or passthru"
-            )))
-            }
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MacvlanMode::Bridge => "bridge",
-            MacvlanMode::Private => "private",
-            MacvlanMode::Vepa => "vepa",
-            MacvlanMode::Passthru => "passthru",
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct NetConf {

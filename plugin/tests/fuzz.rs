@@ -227,7 +227,7 @@ proptest! {
 
     #[test]
     fn identities_are_validated_never_trusted(id in prop_oneof![".{0,80}".boxed(), any_json().prop_map(|v| v.to_string()).boxed()]) {
-        if let Err(why) = sticky_ipam::identity::validate_identity(&id) {
+        if let Err(why) = sticky_ipam::claim::validate_identity(&id) {
             assert!(!why.is_empty());
         } else {
             // What passes has no path tricks and no control characters.

@@ -4,11 +4,11 @@ use std::net::IpAddr;
 
 use cni::{code, CniError};
 
-use super::{AddRequest, Grant, Inspector};
+use super::{AddRequest, Grant};
 use crate::addr::{from_u128, to_u128, Family};
 use crate::claim::{Claim, Holder};
 use crate::config::{IpamConfig, Range, RangeSet};
-use crate::liveness::Verdict;
+use crate::liveness::{Inspector, Verdict};
 use crate::store::{Change, ClaimStore, Plan, PlanError, PlanResult, StoreError};
 use crate::tenancy;
 use crate::wire::Origin;

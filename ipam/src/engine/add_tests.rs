@@ -1,8 +1,8 @@
 use super::*;
 use crate::claim::{Claim, Holder};
+use crate::engine::plan_del;
 use crate::engine::test_support::*;
-use crate::engine::{plan_del, Inspector};
-use crate::liveness::{Caller, Verdict};
+use crate::liveness::{Caller, Inspector, Verdict};
 use crate::store::memory::MemoryStore;
 use cni::{code, CniError};
 use serde_json::json;

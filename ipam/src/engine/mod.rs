@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use crate::claim::Holder;
 use crate::config::Range;
 use crate::identity::Identity;
-use crate::liveness::{Caller, Verdict};
+use crate::liveness::Caller;
 use crate::wire::Origin;
 
 mod add;
@@ -27,17 +27,6 @@ pub use release::{
     plan_del, plan_gc, plan_reconcile, plan_release, plan_retire, plan_undo, release_holder,
     ReleaseTarget, Released,
 };
-
-/// The liveness seam: the real one looks at netns paths, tests script it.
-pub trait Inspector {
-    fn verdict(&self, holder: &Holder, caller: Option<&Caller>) -> Verdict;
-    /// Whether a sticky identity's owner (a StatefulSet) was deleted, so
-    /// its reserved address may go back to the pool. Without the API
-    /// nothing is known, so nothing retires.
-    fn owner_retired(&self, _owner: &crate::claim::Owner) -> bool {
-        false
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct AddRequest {

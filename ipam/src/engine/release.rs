@@ -6,9 +6,8 @@ use std::net::IpAddr;
 
 use cni::{code, CniError};
 
-use super::Inspector;
 use crate::claim::Claim;
-use crate::liveness::Verdict;
+use crate::liveness::{Inspector, Verdict};
 use crate::store::{Change, ClaimStore, Plan, PlanResult};
 
 /// The change that releases a claim's holder: a sticky claim stays

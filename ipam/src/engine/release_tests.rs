@@ -1,8 +1,8 @@
 use super::*;
 use crate::claim::Holder;
+use crate::engine::plan_add;
 use crate::engine::test_support::*;
-use crate::engine::{plan_add, Inspector};
-use crate::liveness::{Caller, Verdict};
+use crate::liveness::{Caller, Inspector, Verdict};
 use crate::store::memory::MemoryStore;
 use crate::store::ClaimStore;
 use cni::code;

@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::{plan_add, plan_del, AddRequest, Grant, Inspector};
+use super::{plan_add, plan_del, AddRequest, Grant};
 use crate::addr::Family;
 use crate::claim::Holder;
 use crate::config::IpamConfig;
 use crate::identity::{Identity, IdentitySource};
-use crate::liveness::{Caller, Verdict};
+use crate::liveness::{Caller, Inspector, Verdict};
 use crate::store::memory::MemoryStore;
 use crate::store::ClaimStore;
 use cni::{CniError, CniResult};

@@ -22,10 +22,8 @@ use tokio::runtime::Runtime;
 const LIST_PAGE: u32 = 500;
 
 use super::crd::{from_object, to_object, IPClaim};
-use super::{
-    ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi, PodFacts, IDENTITY_ANNOTATION,
-    OUT_OF_SERVICE_TAINT,
-};
+use super::{ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi, OUT_OF_SERVICE_TAINT};
+use crate::pod::{PodFacts, IDENTITY_ANNOTATION};
 
 pub struct KubeClient {
     runtime: Runtime,

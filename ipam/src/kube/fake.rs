@@ -6,7 +6,8 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 
 use super::crd::to_object;
-use super::{ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi, PodFacts};
+use super::{ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi};
+use crate::pod::PodFacts;
 
 #[derive(Default)]
 pub struct FakeApi {

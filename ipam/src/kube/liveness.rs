@@ -6,10 +6,10 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use super::{ApiError, ClusterNode, KubeApi, PodFacts};
+use super::{ApiError, ClusterNode, KubeApi};
 use crate::claim::{Holder, Owner};
-use crate::engine::Inspector;
-use crate::liveness::{is_local, judge, Caller, NetnsState, NodeFacts, Verdict};
+use crate::liveness::{is_local, judge, Caller, Inspector, NetnsState, NodeFacts, Verdict};
+use crate::pod::PodFacts;
 use crate::system::netns_state;
 
 /// One API lookup's outcome.

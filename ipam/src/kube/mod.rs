@@ -13,14 +13,13 @@ use std::fmt;
 use sha2::{Digest, Sha256};
 
 use crate::claim::Claim;
+use crate::pod::PodFacts;
 
 pub const GROUP: &str = "sticky-macvlan.io";
 pub const LABEL_NETWORK: &str = "sticky-macvlan.io/network";
 pub const LABEL_IDENTITY: &str = "sticky-macvlan.io/identity";
 pub const LABEL_HOLDER: &str = "sticky-macvlan.io/holder";
 pub const LABEL_FAMILY: &str = "sticky-macvlan.io/family";
-/// A pod annotation naming its identity on every sticky-macvlan network.
-pub const IDENTITY_ANNOTATION: &str = "sticky-macvlan.io/identity";
 pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,18 +57,6 @@ pub struct ClaimObject {
     pub claim: Claim,
     /// None for an object not yet created.
     pub resource_version: Option<String>,
-}
-
-/// What liveness and identity need from a pod.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PodFacts {
-    pub uid: String,
-    pub node: Option<String>,
-    pub phase: Option<String>,
-    pub terminating: bool,
-    pub identity_annotation: Option<String>,
-    /// (name, uid) of the StatefulSet that controls the pod.
-    pub stateful_set: Option<(String, String)>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

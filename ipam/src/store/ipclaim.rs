@@ -349,8 +349,8 @@ mod tests {
     use crate::identity::{Identity, IdentitySource};
     use crate::kube::fake::FakeApi;
     use crate::kube::liveness::KubeInspector;
-    use crate::kube::PodFacts;
     use crate::liveness::{Caller, NodeFacts};
+    use crate::pod::PodFacts;
     use serde_json::json;
 
     fn conf() -> IpamConfig {

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 
+use super::MacvlanMode;
 use super::{format_mac, LinkState, Mac, Netlink, NewMacvlan, NewRoute, NlError, Ns};
 use crate::cni::{code, CniError, CniResult, IpConfig, Route};
-use crate::config::MacvlanMode;
 use crate::log;
 use cni::fault;
 

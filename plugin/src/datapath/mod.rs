@@ -13,8 +13,6 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::config::MacvlanMode;
-
 /// Which network namespace an operation runs in. The plugin process itself
 /// lives in the node's netns (kubelet, or `ip netns exec` in tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -147,6 +145,40 @@ impl NlError {
 impl fmt::Display for NlError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.op, self.detail)
+    }
+}
+
+/// The macvlan mode of a link (`mode` in the config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MacvlanMode {
+    Bridge,
+    Private,
+    Vepa,
+    Passthru,
+}
+
+impl MacvlanMode {
+    pub fn parse(s: &str) -> crate::cni::CniResult<MacvlanMode> {
+        Ok(match s {
+            "" | "bridge" => MacvlanMode::Bridge,
+            "private" => MacvlanMode::Private,
+            "vepa" => MacvlanMode::Vepa,
+            "passthru" => MacvlanMode::Passthru,
+            other => {
+                return Err(crate::cni::CniError::invalid_config(format!(
+                "unknown macvlan mode {other:?}: set \"mode\" to bridge, private, vepa or passthru"
+            )))
+            }
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MacvlanMode::Bridge => "bridge",
+            MacvlanMode::Private => "private",
+            MacvlanMode::Vepa => "vepa",
+            MacvlanMode::Passthru => "passthru",
+        }
     }
 }
 

@@ -21,10 +21,10 @@ use tokio::runtime::Runtime;
 
 use super::netns::{read_sysctl_here, write_sysctl_here, NsWorker};
 use super::Mac;
+use super::MacvlanMode as Mode;
 use super::{
     AddrState, LinkState, Netlink, NewMacvlan, NewRoute, NlError, NlResult, Ns, RouteState,
 };
-use crate::config::MacvlanMode as Mode;
 
 struct PodSide {
     fd: OwnedFd,
