@@ -1,6 +1,7 @@
 //! sticky-macvlan: a CNI main plugin that puts a macvlan into the pod's
 //! netns. See ARCHITECTURE.md for the map.
 
+pub mod attach;
 pub mod cli;
 pub use cni;
 pub mod commands;
