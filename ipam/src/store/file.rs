@@ -27,25 +27,28 @@
 //! record is opened through a symlink.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{DirBuilder, File, OpenOptions};
-use std::io::{ErrorKind, Read, Write};
+use std::fs::{File, OpenOptions};
+use std::io::ErrorKind;
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{StoreError, StoreResult};
-use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::fsio::{
+    damaged, decode, encode, fsync_dir, io_err, make_dir, read_file, remove_file, write_atomic,
+};
 use super::{ClaimStore, Damaged, Listing, Plan};
 use crate::claim::Claim;
 
 /// How long an ADD waits for another process holding the network's lock.
 pub const LOCK_WAIT: Duration = Duration::from_secs(30);
 
-const CLAIMS: &str = "claims";
+pub(super) const CLAIMS: &str = "claims";
 const IDENTITIES: &str = "identities";
 const HOLDERS: &str = "holders";
 
@@ -63,10 +66,6 @@ struct HolderIndex {
     ips: Vec<IpAddr>,
 }
 
-fn io_err(what: &str, path: &Path, e: std::io::Error) -> StoreError {
-    StoreError::Io(format!("cannot {what} {}: {e}", path.display()))
-}
-
 fn hash_name(parts: &[&str]) -> String {
     let mut h = Sha256::new();
     for (i, p) in parts.iter().enumerate() {
@@ -79,108 +78,6 @@ fn hash_name(parts: &[&str]) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
-}
-
-pub fn make_dir(path: &Path) -> StoreResult<()> {
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path)
-        .map_err(|e| io_err("create directory", path, e))
-}
-
-fn fsync_dir(path: &Path) -> StoreResult<()> {
-    File::open(path)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_err("fsync directory", path, e))
-}
-
-/// Reads a file without following a symlink; None when it does not exist.
-fn read_file(path: &Path) -> StoreResult<Option<Vec<u8>>> {
-    let mut f = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_err("open", path, e)),
-    };
-    let mut buf = Vec::new();
-    f.read_to_end(&mut buf)
-        .map_err(|e| io_err("read", path, e))?;
-    Ok(Some(buf))
-}
-
-/// Writes via a temporary file and rename; fsyncs the file when `durable`.
-pub fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> StoreResult<()> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .map_err(|e| io_err("create", &tmp, e))?;
-    f.write_all(bytes).map_err(|e| io_err("write", &tmp, e))?;
-    if durable {
-        f.sync_all().map_err(|e| io_err("fsync", &tmp, e))?;
-    }
-    std::fs::rename(&tmp, path).map_err(|e| io_err("rename into place", path, e))
-}
-
-fn remove_file(path: &Path) -> StoreResult<()> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != ErrorKind::NotFound => Err(io_err("remove", path, e)),
-        _ => Ok(()),
-    }
-}
-
-/// The network a record belongs to (the directory above `claims/`,
-/// `identities/` or `holders/`) and the record's name for `release --file`
-/// (a claim by its file name, an index with its directory).
-fn record_name(path: &Path) -> (String, String) {
-    let name = |p: Option<&Path>| {
-        p.and_then(Path::file_name)
-            .map(|n| n.to_string_lossy().to_string())
-            .unwrap_or_default()
-    };
-    let dir = name(path.parent());
-    let file = name(Some(path));
-    let network = name(path.parent().and_then(Path::parent));
-    let record = if dir == CLAIMS {
-        file
-    } else {
-        format!("{dir}/{file}")
-    };
-    (network, record)
-}
-
-fn damaged(path: &Path, why: impl std::fmt::Display) -> StoreError {
-    let (network, record) = record_name(path);
-    StoreError::Damaged(format!(
-            "record {} is damaged ({why}): inspect it with `sticky-macvlan claims`, then repair it or remove it with `sticky-macvlan release --network {network} --file {record}` (the indexes are rebuilt from the claims)",
-            path.display(),
-    ))
-}
-
-fn decode<T: DeserializeOwned>(path: &Path, bytes: &[u8]) -> StoreResult<T> {
-    if bytes.is_empty() {
-        return Err(damaged(path, "empty file"));
-    }
-    serde_json::from_slice(bytes).map_err(|e| damaged(path, e))
-}
-
-fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    // Serializing our own plain structs cannot fail.
-    let mut out = serde_json::to_vec_pretty(value).unwrap_or_default();
-    out.push(b'\n');
-    out
 }
 
 /// The claim file name for an address (`10.0.0.5`, `fd00::5`).
@@ -648,195 +545,5 @@ impl ClaimStore for FileStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::claim::Holder;
-    use crate::store::Change;
-
-    fn tmpdir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!(
-            "sticky-ipam-test-{tag}-{}-{}",
-            std::process::id(),
-            crate::claim::now_secs()
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        d
-    }
-
-    fn claim(ip: &str, id: &str, holder: Option<&str>) -> Claim {
-        Claim {
-            ip: ip.parse().unwrap(),
-            identity: id.into(),
-            sticky: true,
-            holder: holder.map(|c| Holder {
-                container_id: c.into(),
-                ifname: "net1".into(),
-                netns: String::new(),
-                netns_id: None,
-                pod_namespace: None,
-                pod_name: None,
-                pod_uid: None,
-                node: "n".into(),
-                boot_id: "b".into(),
-                since: 1,
-            }),
-            owner: None,
-            namespace: None,
-            created: 1,
-            updated: 1,
-        }
-    }
-
-    fn put(c: Claim) -> Plan {
-        Plan {
-            changes: vec![Change {
-                before: None,
-                after: Some(c),
-            }],
-            cursors: vec![],
-        }
-    }
-
-    #[test]
-    fn round_trip_with_indexes() {
-        let dir = tmpdir("rt");
-        let mut s = FileStore::open(&dir, "net").unwrap();
-        let c = claim("10.0.0.5", "../../etc/passwd", Some("c1"));
-        s.commit(&put(c.clone())).unwrap();
-        assert_eq!(s.claim(c.ip).unwrap(), Some(c.clone()));
-        assert_eq!(
-            s.claims_of_identity("../../etc/passwd").unwrap(),
-            vec![c.clone()]
-        );
-        assert_eq!(s.claims_of_holder("c1", "net1").unwrap(), vec![c.clone()]);
-        assert!(!dir.join("net/identities/../../etc").exists());
-        // Holder moves: the old holder's index no longer finds it.
-        let moved = claim("10.0.0.5", "../../etc/passwd", Some("c2"));
-        s.commit(&Plan {
-            changes: vec![Change {
-                before: Some(c.clone()),
-                after: Some(moved.clone()),
-            }],
-            cursors: vec![(0, c.ip)],
-        })
-        .unwrap();
-        assert!(s.claims_of_holder("c1", "net1").unwrap().is_empty());
-        assert_eq!(
-            s.claims_of_holder("c2", "net1").unwrap(),
-            vec![moved.clone()]
-        );
-        assert_eq!(s.cursor(0).unwrap(), Some(c.ip));
-        // Delete: nothing is left in any index.
-        s.commit(&Plan {
-            changes: vec![Change {
-                before: Some(moved),
-                after: None,
-            }],
-            cursors: vec![],
-        })
-        .unwrap();
-        assert!(s.list().unwrap().claims.is_empty());
-        assert_eq!(
-            std::fs::read_dir(dir.join("net/identities"))
-                .unwrap()
-                .count(),
-            0
-        );
-        assert_eq!(
-            std::fs::read_dir(dir.join("net/holders")).unwrap().count(),
-            0
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn a_contended_lock_is_handed_over_when_released() {
-        let dir = tmpdir("lock");
-        let first = FileStore::open(&dir, "net").unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-        let d = dir.clone();
-        let waiter = std::thread::spawn(move || {
-            let opened = FileStore::open(&d, "net");
-            let _ = tx.send(opened.as_ref().map(|_| ()).map_err(|e| e.to_string()));
-            // Hold the store until the main thread has looked.
-            let _ = done_rx.recv();
-            drop(opened);
-        });
-        // Still waiting while the first store holds the lock...
-        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
-        drop(first);
-        // ...and through as soon as it is released.
-        let got = rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("lock handed over");
-        assert!(got.is_ok());
-        // The lock the helper thread took stays with the store after that
-        // thread is gone: a third party cannot take it.
-        let probe = File::open(dir.join("net/lock")).unwrap();
-        assert!(
-            !try_lock(&probe, &dir).unwrap(),
-            "the handed-over lock was lost"
-        );
-        done_tx.send(()).unwrap();
-        waiter.join().unwrap();
-        assert!(try_lock(&probe, &dir).unwrap(), "released with the store");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn damaged_records_are_named_not_guessed() {
-        let dir = tmpdir("dmg");
-        let mut s = FileStore::open(&dir, "net").unwrap();
-        s.commit(&put(claim("10.0.0.6", "a", None))).unwrap();
-        let claims = dir.join("net/claims");
-        std::fs::write(claims.join("10.0.0.7"), b"{\"ip\": \"10.0.0.7\", \"iden").unwrap();
-        std::fs::write(claims.join("10.0.0.8"), b"").unwrap();
-        std::fs::write(claims.join("README"), b"hello").unwrap();
-        std::fs::copy(claims.join("10.0.0.6"), claims.join("10.0.0.9")).unwrap();
-        let e = s.claim("10.0.0.7".parse().unwrap()).unwrap_err();
-        assert!(matches!(e, StoreError::Damaged(_)), "{e:?}");
-        assert!(
-            e.message().contains("10.0.0.7") && e.message().contains("damaged"),
-            "{e}"
-        );
-        let listing = s.list().unwrap();
-        assert_eq!(listing.claims.len(), 1);
-        let names: Vec<String> = listing
-            .damaged
-            .iter()
-            .map(|d| d.path.file_name().unwrap().to_string_lossy().to_string())
-            .collect();
-        assert_eq!(names.len(), 4, "{names:?}");
-        let mismatch = listing
-            .damaged
-            .iter()
-            .find(|d| d.path.ends_with("10.0.0.9"))
-            .unwrap();
-        assert!(mismatch.why.contains("names 10.0.0.6"), "{}", mismatch.why);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn symlinked_records_are_not_followed() {
-        let dir = tmpdir("link");
-        let mut s = FileStore::open(&dir, "net").unwrap();
-        let outside = dir.join("outside");
-        std::fs::write(&outside, b"{}").unwrap();
-        std::os::unix::fs::symlink(&outside, dir.join("net/claims/10.0.0.9")).unwrap();
-        assert!(s.claim("10.0.0.9".parse().unwrap()).is_err());
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn permissions_are_private() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tmpdir("perm");
-        let mut s = FileStore::open(&dir, "net").unwrap();
-        s.commit(&put(claim("10.0.0.6", "a", Some("c")))).unwrap();
-        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode(&dir.join("net/claims")), 0o700);
-        assert_eq!(mode(&dir.join("net/claims/10.0.0.6")), 0o600);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
+#[path = "file_tests.rs"]
+mod tests;

@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod file;
+mod fsio;
 pub mod ipclaim;
 pub mod memory;
 pub mod retry;

@@ -4,7 +4,6 @@
 //! non-zero exit.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -14,15 +13,15 @@ use cni::{CniError, CniResult};
 use crate::backend::Backend;
 use crate::claim::{now_secs, Claim, Holder};
 use crate::config::DEFAULT_STORE_DIR;
-use crate::cri::SandboxRuntime;
 use crate::engine::{plan_reconcile, plan_release, plan_retire, ReleaseTarget, Released};
-use crate::identity::dynamic_key;
 use crate::kube::client::KubeClient;
 use crate::liveness::{Inspector, NodeFacts, Verdict};
 use crate::store::file::FileStore;
 use crate::store::retry::with_retries;
-use crate::store::{Change, ClaimStore, Plan, PlanError, PlanResult, StoreError};
+use crate::store::{ClaimStore, Plan, PlanError, PlanResult, StoreError};
 use crate::system::node_facts;
+
+mod import;
 
 pub const COMMANDS_HELP: &str = "\
 Claim commands (the file store under --dir, or the kubernetes store with
@@ -250,7 +249,7 @@ pub fn run(program: &str, command: &str, args: &[String]) -> Option<ExitCode> {
         "claims" => claims(&opts),
         "release" => release(&opts),
         "reconcile" => reconcile(&opts),
-        _ => import_host_local(&opts),
+        _ => import::import_host_local(&opts),
     };
     Some(match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -516,271 +515,5 @@ fn sweep_outcome(
     }
 }
 
-/// host-local's record: "containerID\r\nifname" (older: "containerID").
-fn parse_host_local(content: &str) -> Option<(String, String)> {
-    let mut lines = content.split(['\r', '\n']).filter(|l| !l.is_empty());
-    let container = lines.next()?.trim().to_string();
-    let ifname = lines.next().unwrap_or("eth0").trim().to_string();
-    (!container.is_empty()).then_some((container, ifname))
-}
-
-fn import_host_local(opts: &Opts) -> CniResult<()> {
-    let network = opts.network("import-host-local")?;
-    let from = opts.values.get("--from").map(PathBuf::from).ok_or_else(|| {
-        CniError::invalid_config(
-            "import-host-local needs --from DIR/NETWORK (host-local's dataDir and network, e.g. /var/lib/cni/networks/fabric)",
-        )
-    })?;
-    check_host_local_dir(&from, &network)?;
-    let entries = std::fs::read_dir(&from)
-        .map_err(|e| CniError::io(format!("cannot read {}: {e}", from.display())))?;
-    let node = node_facts(opts.node.as_deref());
-    let runtime = opts
-        .cri_socket()
-        .map(|s| crate::cri::CriClient::new(&s, Duration::from_secs(5)));
-    let mut in_runtime = 0usize;
-    let mut not_in_runtime = Vec::new();
-    let mut runtime_error = None;
-    let now = now_secs();
-    if opts.values.contains_key("--kubeconfig") || opts.flag("--in-cluster") {
-        return Err(CniError::invalid_config(
-            "import-host-local adopts into the file store (--dir); import into a node's file store first, or let the kubernetes store allocate afresh",
-        ));
-    }
-    let mut store = FileStore::open(&opts.dir, &network)?;
-    let mut plan = Plan::default();
-    let mut skipped = Vec::new();
-    for entry in entries.filter_map(Result::ok) {
-        let name = entry.file_name().to_string_lossy().to_string();
-        if let Some(set) = name.strip_prefix("last_reserved_ip.") {
-            let cursor = std::fs::read_to_string(entry.path()).ok();
-            if let (Ok(set), Some(Ok(ip))) = (
-                set.parse::<usize>(),
-                cursor.map(|c| c.trim().parse::<IpAddr>()),
-            ) {
-                plan.cursors.push((set, ip));
-            }
-            continue;
-        }
-        let Ok(ip) = name.parse::<IpAddr>() else {
-            continue;
-        };
-        let content = std::fs::read_to_string(entry.path()).unwrap_or_default();
-        let Some((container_id, ifname)) = parse_host_local(&content) else {
-            skipped.push(format!("{ip}: unreadable host-local record"));
-            continue;
-        };
-        if let Some(existing) = store.claim(ip)? {
-            if !existing.held_by(&container_id, &ifname) {
-                skipped.push(format!(
-                    "{ip}: already claimed by identity {:?}",
-                    existing.identity
-                ));
-            }
-            continue;
-        }
-        // The pod behind the sandbox, from the runtime, so the claim names
-        // it; a sandbox the runtime no longer has is freed by liveness.
-        let pod = match runtime.as_ref().map(|r| r.sandbox(&container_id)) {
-            Some(crate::cri::SandboxState::Present(s)) => {
-                in_runtime += 1;
-                Some(s)
-            }
-            Some(crate::cri::SandboxState::Absent) => {
-                not_in_runtime.push(ip);
-                None
-            }
-            Some(crate::cri::SandboxState::Unknown(why)) => {
-                runtime_error = Some(why);
-                None
-            }
-            None => None,
-        };
-        let known = |f: fn(&crate::cri::Sandbox) -> &String| {
-            pod.as_ref().map(f).filter(|v| !v.is_empty()).cloned()
-        };
-        plan.changes.push(Change {
-            before: None,
-            after: Some(Claim {
-                ip,
-                identity: dynamic_key(&container_id, &ifname),
-                sticky: false,
-                holder: Some(Holder {
-                    container_id,
-                    ifname,
-                    netns: String::new(),
-                    netns_id: None,
-                    pod_namespace: known(|s| &s.namespace),
-                    pod_name: known(|s| &s.name),
-                    pod_uid: known(|s| &s.uid),
-                    node: node.node.clone(),
-                    boot_id: node.boot_id.clone(),
-                    since: now,
-                }),
-                owner: None,
-                namespace: None,
-                created: now,
-                updated: now,
-            }),
-        });
-    }
-    plan.changes.sort_by_key(|c| c.ip());
-    store.set_durable(false);
-    store.commit(&plan)?;
-    store.sync()?;
-    println!(
-        "imported {} host-local allocations from {} into network {network}",
-        plan.changes.len(),
-        from.display()
-    );
-    if let Some(r) = &runtime {
-        match &runtime_error {
-            Some(why) => println!(
-                "{} could not be asked about the sandboxes ({why}): the imported holders stay held until their DEL, or until reconcile can ask it",
-                r.describe()
-            ),
-            None => println!(
-                "{} has {in_runtime} of these sandboxes; {} are gone and are freed by the next reconcile or ADD that needs them{}",
-                r.describe(),
-                not_in_runtime.len(),
-                if not_in_runtime.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        " ({})",
-                        not_in_runtime.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(", ")
-                    )
-                }
-            ),
-        }
-    }
-    for s in &skipped {
-        println!("skipped {s}");
-    }
-    Ok(())
-}
-
-/// Whether a directory entry name is one host-local writes in a network's
-/// directory: an address, its lock, or a range set's cursor.
-fn is_host_local_entry(name: &str) -> bool {
-    name == "lock" || name.starts_with("last_reserved_ip.") || name.parse::<IpAddr>().is_ok()
-}
-
-/// `--from` must be one network's host-local directory; its parent (or
-/// any other directory) is refused naming the layout, so a wrong path never
-/// creates an empty store.
-fn check_host_local_dir(from: &std::path::Path, network: &str) -> CniResult<()> {
-    let names = |dir: &std::path::Path| -> Vec<String> {
-        std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .filter_map(Result::ok)
-            .map(|e| e.file_name().to_string_lossy().to_string())
-            .collect()
-    };
-    if !from.is_dir() {
-        return Err(CniError::invalid_config(format!(
-            "--from {} is not a directory: give host-local's directory of the network, {}/{network} by default",
-            from.display(),
-            HOST_LOCAL_DEFAULT_DIR
-        )));
-    }
-    if names(from).iter().any(|n| is_host_local_entry(n)) {
-        return Ok(());
-    }
-    let mut networks: Vec<String> = names(from)
-        .into_iter()
-        .filter(|n| names(&from.join(n)).iter().any(|c| is_host_local_entry(c)))
-        .collect();
-    networks.sort();
-    let layout = "one file per allocated address (named by the address, holding the container ID and ifname), `lock` and `last_reserved_ip.N`";
-    Err(CniError::invalid_config(if networks.is_empty() {
-        format!(
-            "--from {} holds no host-local allocations: host-local keeps {layout} in DATADIR/NETWORK ({}/{network} by default); nothing was imported",
-            from.display(),
-            HOST_LOCAL_DEFAULT_DIR
-        )
-    } else {
-        format!(
-            "--from {} is the parent of host-local's network directories ({}): give the network's own directory, e.g. --from {}, which holds {layout}; nothing was imported",
-            from.display(),
-            networks.join(", "),
-            from.join(networks.iter().find(|n| *n == network).unwrap_or(&networks[0])).display()
-        )
-    }))
-}
-
-/// host-local's default dataDir.
-const HOST_LOCAL_DEFAULT_DIR: &str = "/var/lib/cni/networks";
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_host_local_network_directory_is_imported() {
-        let root = std::env::temp_dir().join(format!("smv-import-{}", std::process::id()));
-        let net = root.join("fabric");
-        std::fs::create_dir_all(&net).unwrap();
-        std::fs::write(net.join("10.0.0.5"), "c1\r\nnet1").unwrap();
-        std::fs::write(net.join("lock"), "").unwrap();
-        assert!(check_host_local_dir(&net, "fabric").is_ok());
-        let e = check_host_local_dir(&root, "fabric").unwrap_err();
-        assert!(
-            e.msg.contains("parent") && e.msg.contains("--from") && e.msg.contains("fabric"),
-            "{}",
-            e.msg
-        );
-        let empty = root.join("empty");
-        std::fs::create_dir_all(&empty).unwrap();
-        let e = check_host_local_dir(&empty, "fabric").unwrap_err();
-        assert!(
-            e.msg.contains("holds no host-local allocations"),
-            "{}",
-            e.msg
-        );
-        assert!(check_host_local_dir(&root.join("missing"), "fabric").is_err());
-        for (name, host_local) in [
-            ("10.0.0.5", true),
-            ("fd00::5", true),
-            ("lock", true),
-            ("last_reserved_ip.0", true),
-            ("fabric", false),
-            ("README", false),
-        ] {
-            assert_eq!(is_host_local_entry(name), host_local, "{name}");
-        }
-        let _ = std::fs::remove_dir_all(&root);
-    }
-
-    #[test]
-    fn host_local_records_both_formats() {
-        assert_eq!(
-            parse_host_local("abc\r\nnet1"),
-            Some(("abc".into(), "net1".into()))
-        );
-        assert_eq!(parse_host_local("abc"), Some(("abc".into(), "eth0".into())));
-        assert_eq!(parse_host_local(""), None);
-    }
-
-    #[test]
-    fn options_are_checked() {
-        let args: Vec<String> = ["--network", "n", "--json"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let o = parse_opts(&args).unwrap();
-        assert_eq!(o.network.as_deref(), Some("n"));
-        assert!(o.flag("--json"));
-        assert!(parse_opts(&["--bogus".to_string()]).is_err());
-        assert!(parse_opts(&["--ip".to_string()]).is_err());
-    }
-
-    #[test]
-    fn ages_read_like_kubectl() {
-        assert_eq!(age(0, 5), "5s");
-        assert_eq!(age(0, 600), "10m");
-        assert_eq!(age(0, 7200), "2h");
-        assert_eq!(age(0, 3 * 86400), "3d");
-    }
-}
+mod tests;

@@ -1,0 +1,213 @@
+//! `import-host-local`: adopting a node's host-local allocations, with
+//! the container runtime's word on each sandbox.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use cni::{CniError, CniResult};
+
+use super::Opts;
+use crate::claim::{now_secs, Claim, Holder};
+use crate::cri::SandboxRuntime;
+use crate::identity::dynamic_key;
+use crate::store::file::FileStore;
+use crate::store::{Change, ClaimStore, Plan};
+use crate::system::node_facts;
+
+/// host-local's record: "containerID\r\nifname" (older: "containerID").
+pub(super) fn parse_host_local(content: &str) -> Option<(String, String)> {
+    let mut lines = content.split(['\r', '\n']).filter(|l| !l.is_empty());
+    let container = lines.next()?.trim().to_string();
+    let ifname = lines.next().unwrap_or("eth0").trim().to_string();
+    (!container.is_empty()).then_some((container, ifname))
+}
+
+pub(super) fn import_host_local(opts: &Opts) -> CniResult<()> {
+    let network = opts.network("import-host-local")?;
+    let from = opts.values.get("--from").map(PathBuf::from).ok_or_else(|| {
+        CniError::invalid_config(
+            "import-host-local needs --from DIR/NETWORK (host-local's dataDir and network, e.g. /var/lib/cni/networks/fabric)",
+        )
+    })?;
+    check_host_local_dir(&from, &network)?;
+    let entries = std::fs::read_dir(&from)
+        .map_err(|e| CniError::io(format!("cannot read {}: {e}", from.display())))?;
+    let node = node_facts(opts.node.as_deref());
+    let runtime = opts
+        .cri_socket()
+        .map(|s| crate::cri::CriClient::new(&s, Duration::from_secs(5)));
+    let mut in_runtime = 0usize;
+    let mut not_in_runtime = Vec::new();
+    let mut runtime_error = None;
+    let now = now_secs();
+    if opts.values.contains_key("--kubeconfig") || opts.flag("--in-cluster") {
+        return Err(CniError::invalid_config(
+            "import-host-local adopts into the file store (--dir); import into a node's file store first, or let the kubernetes store allocate afresh",
+        ));
+    }
+    let mut store = FileStore::open(&opts.dir, &network)?;
+    let mut plan = Plan::default();
+    let mut skipped = Vec::new();
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if let Some(set) = name.strip_prefix("last_reserved_ip.") {
+            let cursor = std::fs::read_to_string(entry.path()).ok();
+            if let (Ok(set), Some(Ok(ip))) = (
+                set.parse::<usize>(),
+                cursor.map(|c| c.trim().parse::<IpAddr>()),
+            ) {
+                plan.cursors.push((set, ip));
+            }
+            continue;
+        }
+        let Ok(ip) = name.parse::<IpAddr>() else {
+            continue;
+        };
+        let content = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let Some((container_id, ifname)) = parse_host_local(&content) else {
+            skipped.push(format!("{ip}: unreadable host-local record"));
+            continue;
+        };
+        if let Some(existing) = store.claim(ip)? {
+            if !existing.held_by(&container_id, &ifname) {
+                skipped.push(format!(
+                    "{ip}: already claimed by identity {:?}",
+                    existing.identity
+                ));
+            }
+            continue;
+        }
+        // The pod behind the sandbox, from the runtime, so the claim names
+        // it; a sandbox the runtime no longer has is freed by liveness.
+        let pod = match runtime.as_ref().map(|r| r.sandbox(&container_id)) {
+            Some(crate::cri::SandboxState::Present(s)) => {
+                in_runtime += 1;
+                Some(s)
+            }
+            Some(crate::cri::SandboxState::Absent) => {
+                not_in_runtime.push(ip);
+                None
+            }
+            Some(crate::cri::SandboxState::Unknown(why)) => {
+                runtime_error = Some(why);
+                None
+            }
+            None => None,
+        };
+        let known = |f: fn(&crate::cri::Sandbox) -> &String| {
+            pod.as_ref().map(f).filter(|v| !v.is_empty()).cloned()
+        };
+        plan.changes.push(Change {
+            before: None,
+            after: Some(Claim {
+                ip,
+                identity: dynamic_key(&container_id, &ifname),
+                sticky: false,
+                holder: Some(Holder {
+                    container_id,
+                    ifname,
+                    netns: String::new(),
+                    netns_id: None,
+                    pod_namespace: known(|s| &s.namespace),
+                    pod_name: known(|s| &s.name),
+                    pod_uid: known(|s| &s.uid),
+                    node: node.node.clone(),
+                    boot_id: node.boot_id.clone(),
+                    since: now,
+                }),
+                owner: None,
+                namespace: None,
+                created: now,
+                updated: now,
+            }),
+        });
+    }
+    plan.changes.sort_by_key(|c| c.ip());
+    store.set_durable(false);
+    store.commit(&plan)?;
+    store.sync()?;
+    println!(
+        "imported {} host-local allocations from {} into network {network}",
+        plan.changes.len(),
+        from.display()
+    );
+    if let Some(r) = &runtime {
+        match &runtime_error {
+            Some(why) => println!(
+                "{} could not be asked about the sandboxes ({why}): the imported holders stay held until their DEL, or until reconcile can ask it",
+                r.describe()
+            ),
+            None => println!(
+                "{} has {in_runtime} of these sandboxes; {} are gone and are freed by the next reconcile or ADD that needs them{}",
+                r.describe(),
+                not_in_runtime.len(),
+                if not_in_runtime.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " ({})",
+                        not_in_runtime.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(", ")
+                    )
+                }
+            ),
+        }
+    }
+    for s in &skipped {
+        println!("skipped {s}");
+    }
+    Ok(())
+}
+
+/// Whether a directory entry name is one host-local writes in a network's
+/// directory: an address, its lock, or a range set's cursor.
+pub(super) fn is_host_local_entry(name: &str) -> bool {
+    name == "lock" || name.starts_with("last_reserved_ip.") || name.parse::<IpAddr>().is_ok()
+}
+
+/// `--from` must be one network's host-local directory; its parent (or
+/// any other directory) is refused naming the layout, so a wrong path never
+/// creates an empty store.
+pub(super) fn check_host_local_dir(from: &std::path::Path, network: &str) -> CniResult<()> {
+    let names = |dir: &std::path::Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .collect()
+    };
+    if !from.is_dir() {
+        return Err(CniError::invalid_config(format!(
+            "--from {} is not a directory: give host-local's directory of the network, {}/{network} by default",
+            from.display(),
+            HOST_LOCAL_DEFAULT_DIR
+        )));
+    }
+    if names(from).iter().any(|n| is_host_local_entry(n)) {
+        return Ok(());
+    }
+    let mut networks: Vec<String> = names(from)
+        .into_iter()
+        .filter(|n| names(&from.join(n)).iter().any(|c| is_host_local_entry(c)))
+        .collect();
+    networks.sort();
+    let layout = "one file per allocated address (named by the address, holding the container ID and ifname), `lock` and `last_reserved_ip.N`";
+    Err(CniError::invalid_config(if networks.is_empty() {
+        format!(
+            "--from {} holds no host-local allocations: host-local keeps {layout} in DATADIR/NETWORK ({}/{network} by default); nothing was imported",
+            from.display(),
+            HOST_LOCAL_DEFAULT_DIR
+        )
+    } else {
+        format!(
+            "--from {} is the parent of host-local's network directories ({}): give the network's own directory, e.g. --from {}, which holds {layout}; nothing was imported",
+            from.display(),
+            networks.join(", "),
+            from.join(networks.iter().find(|n| *n == network).unwrap_or(&networks[0])).display()
+        )
+    }))
+}
+
+/// host-local's default dataDir.
+const HOST_LOCAL_DEFAULT_DIR: &str = "/var/lib/cni/networks";

@@ -1,0 +1,190 @@
+use super::*;
+use crate::claim::Holder;
+use crate::store::Change;
+
+fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "sticky-ipam-test-{tag}-{}-{}",
+        std::process::id(),
+        crate::claim::now_secs()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn claim(ip: &str, id: &str, holder: Option<&str>) -> Claim {
+    Claim {
+        ip: ip.parse().unwrap(),
+        identity: id.into(),
+        sticky: true,
+        holder: holder.map(|c| Holder {
+            container_id: c.into(),
+            ifname: "net1".into(),
+            netns: String::new(),
+            netns_id: None,
+            pod_namespace: None,
+            pod_name: None,
+            pod_uid: None,
+            node: "n".into(),
+            boot_id: "b".into(),
+            since: 1,
+        }),
+        owner: None,
+        namespace: None,
+        created: 1,
+        updated: 1,
+    }
+}
+
+fn put(c: Claim) -> Plan {
+    Plan {
+        changes: vec![Change {
+            before: None,
+            after: Some(c),
+        }],
+        cursors: vec![],
+    }
+}
+
+#[test]
+fn round_trip_with_indexes() {
+    let dir = tmpdir("rt");
+    let mut s = FileStore::open(&dir, "net").unwrap();
+    let c = claim("10.0.0.5", "../../etc/passwd", Some("c1"));
+    s.commit(&put(c.clone())).unwrap();
+    assert_eq!(s.claim(c.ip).unwrap(), Some(c.clone()));
+    assert_eq!(
+        s.claims_of_identity("../../etc/passwd").unwrap(),
+        vec![c.clone()]
+    );
+    assert_eq!(s.claims_of_holder("c1", "net1").unwrap(), vec![c.clone()]);
+    assert!(!dir.join("net/identities/../../etc").exists());
+    // Holder moves: the old holder's index no longer finds it.
+    let moved = claim("10.0.0.5", "../../etc/passwd", Some("c2"));
+    s.commit(&Plan {
+        changes: vec![Change {
+            before: Some(c.clone()),
+            after: Some(moved.clone()),
+        }],
+        cursors: vec![(0, c.ip)],
+    })
+    .unwrap();
+    assert!(s.claims_of_holder("c1", "net1").unwrap().is_empty());
+    assert_eq!(
+        s.claims_of_holder("c2", "net1").unwrap(),
+        vec![moved.clone()]
+    );
+    assert_eq!(s.cursor(0).unwrap(), Some(c.ip));
+    // Delete: nothing is left in any index.
+    s.commit(&Plan {
+        changes: vec![Change {
+            before: Some(moved),
+            after: None,
+        }],
+        cursors: vec![],
+    })
+    .unwrap();
+    assert!(s.list().unwrap().claims.is_empty());
+    assert_eq!(
+        std::fs::read_dir(dir.join("net/identities"))
+            .unwrap()
+            .count(),
+        0
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.join("net/holders")).unwrap().count(),
+        0
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_contended_lock_is_handed_over_when_released() {
+    let dir = tmpdir("lock");
+    let first = FileStore::open(&dir, "net").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let d = dir.clone();
+    let waiter = std::thread::spawn(move || {
+        let opened = FileStore::open(&d, "net");
+        let _ = tx.send(opened.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+        // Hold the store until the main thread has looked.
+        let _ = done_rx.recv();
+        drop(opened);
+    });
+    // Still waiting while the first store holds the lock...
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+    drop(first);
+    // ...and through as soon as it is released.
+    let got = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("lock handed over");
+    assert!(got.is_ok());
+    // The lock the helper thread took stays with the store after that
+    // thread is gone: a third party cannot take it.
+    let probe = File::open(dir.join("net/lock")).unwrap();
+    assert!(
+        !try_lock(&probe, &dir).unwrap(),
+        "the handed-over lock was lost"
+    );
+    done_tx.send(()).unwrap();
+    waiter.join().unwrap();
+    assert!(try_lock(&probe, &dir).unwrap(), "released with the store");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn damaged_records_are_named_not_guessed() {
+    let dir = tmpdir("dmg");
+    let mut s = FileStore::open(&dir, "net").unwrap();
+    s.commit(&put(claim("10.0.0.6", "a", None))).unwrap();
+    let claims = dir.join("net/claims");
+    std::fs::write(claims.join("10.0.0.7"), b"{\"ip\": \"10.0.0.7\", \"iden").unwrap();
+    std::fs::write(claims.join("10.0.0.8"), b"").unwrap();
+    std::fs::write(claims.join("README"), b"hello").unwrap();
+    std::fs::copy(claims.join("10.0.0.6"), claims.join("10.0.0.9")).unwrap();
+    let e = s.claim("10.0.0.7".parse().unwrap()).unwrap_err();
+    assert!(matches!(e, StoreError::Damaged(_)), "{e:?}");
+    assert!(
+        e.message().contains("10.0.0.7") && e.message().contains("damaged"),
+        "{e}"
+    );
+    let listing = s.list().unwrap();
+    assert_eq!(listing.claims.len(), 1);
+    let names: Vec<String> = listing
+        .damaged
+        .iter()
+        .map(|d| d.path.file_name().unwrap().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(names.len(), 4, "{names:?}");
+    let mismatch = listing
+        .damaged
+        .iter()
+        .find(|d| d.path.ends_with("10.0.0.9"))
+        .unwrap();
+    assert!(mismatch.why.contains("names 10.0.0.6"), "{}", mismatch.why);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn symlinked_records_are_not_followed() {
+    let dir = tmpdir("link");
+    let mut s = FileStore::open(&dir, "net").unwrap();
+    let outside = dir.join("outside");
+    std::fs::write(&outside, b"{}").unwrap();
+    std::os::unix::fs::symlink(&outside, dir.join("net/claims/10.0.0.9")).unwrap();
+    assert!(s.claim("10.0.0.9".parse().unwrap()).is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn permissions_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmpdir("perm");
+    let mut s = FileStore::open(&dir, "net").unwrap();
+    s.commit(&put(claim("10.0.0.6", "a", Some("c")))).unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir.join("net/claims")), 0o700);
+    assert_eq!(mode(&dir.join("net/claims/10.0.0.6")), 0o600);
+    let _ = std::fs::remove_dir_all(&dir);
+}
