@@ -7,6 +7,7 @@ pub mod macvlan;
 pub mod ndp;
 pub mod netns;
 pub mod rtnl;
+mod rtnl_decode;
 
 use std::fmt;
 use std::net::IpAddr;

@@ -8,20 +8,17 @@ use std::os::fd::OwnedFd;
 use futures_util::stream::{StreamExt, TryStreamExt};
 use ipnet::IpNet;
 use netlink_packet_core::{NetlinkMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST};
-use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage};
-use netlink_packet_route::link::{
-    InfoData, InfoMacVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVlanMode,
-};
+use netlink_packet_route::link::{InfoMacVlan, LinkAttribute};
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteMessage, RouteMetric, RouteProtocol, RouteScope, RouteType,
+    RouteAttribute, RouteMetric, RouteProtocol, RouteScope, RouteType,
 };
-use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use netlink_packet_route::RouteNetlinkMessage;
 use rtnetlink::{Handle, LinkMacVlan, LinkUnspec, RouteMessageBuilder};
 use tokio::runtime::Runtime;
 
 use super::netns::{read_sysctl_here, write_sysctl_here, NsWorker};
+use super::rtnl_decode::{addr_state, link_state, route_state, to_kernel_mode};
 use super::Mac;
-use super::MacvlanMode as Mode;
 use super::{
     AddrState, LinkState, Netlink, NewMacvlan, NewRoute, NlError, NlResult, Ns, RouteState,
 };
@@ -56,104 +53,6 @@ fn io_err(op: &str, e: std::io::Error) -> NlError {
         Some(n) => NlError::from_errno(op, n),
         None => NlError::new(op, None, e.to_string()),
     }
-}
-
-fn to_kernel_mode(mode: Mode) -> MacVlanMode {
-    match mode {
-        Mode::Bridge => MacVlanMode::Bridge,
-        Mode::Private => MacVlanMode::Private,
-        Mode::Vepa => MacVlanMode::Vepa,
-        Mode::Passthru => MacVlanMode::Passthrough,
-    }
-}
-
-fn from_kernel_mode(mode: &MacVlanMode) -> Option<Mode> {
-    Some(match mode {
-        MacVlanMode::Bridge => Mode::Bridge,
-        MacVlanMode::Private => Mode::Private,
-        MacVlanMode::Vepa => Mode::Vepa,
-        MacVlanMode::Passthrough => Mode::Passthru,
-        _ => return None,
-    })
-}
-
-fn link_state(msg: &LinkMessage) -> LinkState {
-    let mut state = LinkState {
-        index: msg.header.index,
-        name: String::new(),
-        mtu: 0,
-        mac: None,
-        kind: None,
-        macvlan_mode: None,
-        up: msg.header.flags.contains(LinkFlags::Up),
-        alias: None,
-    };
-    for attr in &msg.attributes {
-        match attr {
-            LinkAttribute::IfName(n) => state.name = n.clone(),
-            LinkAttribute::IfAlias(a) => state.alias = Some(a.clone()),
-            LinkAttribute::Mtu(m) => state.mtu = *m,
-            LinkAttribute::Address(a) if a.len() == 6 => {
-                let mut mac = [0u8; 6];
-                mac.copy_from_slice(a);
-                state.mac = Some(mac);
-            }
-            LinkAttribute::LinkInfo(infos) => {
-                for info in infos {
-                    match info {
-                        LinkInfo::Kind(kind) => state.kind = Some(kind.to_string()),
-                        LinkInfo::Data(InfoData::MacVlan(data)) => {
-                            for d in data {
-                                if let InfoMacVlan::Mode(m) = d {
-                                    state.macvlan_mode = from_kernel_mode(m);
-                                }
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    state
-}
-
-fn route_addr(a: &RouteAddress) -> Option<IpAddr> {
-    match a {
-        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
-        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
-        _ => None,
-    }
-}
-
-fn route_state(msg: &RouteMessage) -> Option<RouteState> {
-    let mut dst = None;
-    let mut gw = None;
-    let mut oif = None;
-    let mut table = u32::from(msg.header.table);
-    for attr in &msg.attributes {
-        match attr {
-            RouteAttribute::Destination(a) => dst = route_addr(a),
-            RouteAttribute::Gateway(a) => gw = route_addr(a),
-            RouteAttribute::Oif(i) => oif = Some(*i),
-            RouteAttribute::Table(t) => table = *t,
-            _ => {}
-        }
-    }
-    let len = msg.header.destination_prefix_length;
-    let dst = match (dst, msg.header.address_family) {
-        (Some(a), _) => IpNet::new(a, len).ok()?,
-        (None, AddressFamily::Inet) => IpNet::new(IpAddr::V4(0.into()), len).ok()?,
-        (None, AddressFamily::Inet6) => IpNet::new(IpAddr::V6(0u128.into()), len).ok()?,
-        _ => return None,
-    };
-    Some(RouteState {
-        dst,
-        gw,
-        oif,
-        table,
-    })
 }
 
 impl RtnlClient {
@@ -608,25 +507,3 @@ impl Netlink for RtnlClient {
 /// that dropped the first; short spacing, because ADD waits for them.
 const ANNOUNCE_COUNT: u32 = 2;
 const ANNOUNCE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
-
-fn addr_state(msg: &AddressMessage) -> Option<AddrState> {
-    let mut addr = None;
-    let mut local = None;
-    let mut flags = msg.header.flags.bits() as u32;
-    for attr in &msg.attributes {
-        match attr {
-            AddressAttribute::Address(a) => addr = Some(*a),
-            AddressAttribute::Local(a) => local = Some(*a),
-            AddressAttribute::Flags(f) => flags = f.bits(),
-            _ => {}
-        }
-    }
-    // For IPv4 IFA_LOCAL is the interface's own address.
-    let ip = local.or(addr)?;
-    let net = IpNet::new(ip, msg.header.prefix_len).ok()?;
-    Some(AddrState {
-        addr: net,
-        tentative: flags & u32::from(AddressHeaderFlags::Tentative.bits()) != 0,
-        dad_failed: flags & u32::from(AddressHeaderFlags::Dadfailed.bits()) != 0,
-    })
-}
