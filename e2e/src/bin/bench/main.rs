@@ -22,8 +22,11 @@
 //! The bench process enters node 1's netns, so plugins there are exec'd
 //! directly, with no `ip netns exec` in the figures.
 
+mod cycles;
 mod kube;
 mod node;
+mod profile;
+mod scale;
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -121,6 +124,11 @@ impl Suite {
             reference: reference.cloned(),
         });
     }
+}
+
+/// A ratio as the tables print it.
+pub fn ratio(ours: &sticky_e2e::report::Stats, theirs: &sticky_e2e::report::Stats) -> String {
+    format!("{:.2}x", ours.median / theirs.median)
 }
 
 /// One plugin call from the bench process's own netns (node 1); panics on
@@ -277,16 +285,16 @@ fn main() {
         ]
         .map(String::from),
     );
-    let cycles = node::add_del_cycles(&mut suite, &mut topo);
-    node::floor(&mut suite, &mut topo, &cycles);
+    let cycles = cycles::add_del_cycles(&mut suite, &mut topo);
+    cycles::floor(&mut suite, &mut topo, &cycles);
     node::parallel(&mut suite, &mut topo, &api);
     // Before the scale section's 60,000 claims, which every label-selected
     // LIST of the stand-in would then scan.
     kube::requests_and_churn(&mut suite, &mut topo, &api);
-    node::scale(&mut suite, &mut topo, &api);
+    scale::scale(&mut suite, &mut topo, &api);
     node::memory(&mut suite, &topo);
     node::probe_cost(&mut suite, &mut topo);
-    node::profile(&mut suite, &mut topo);
+    profile::profile(&mut suite, &mut topo);
 
     let command = "sudo scripts/bench.sh";
     let results = suite.report.json(&machine, command);
