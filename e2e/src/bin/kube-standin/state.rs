@@ -1,47 +1,33 @@
-//! A stand-in for the Kubernetes API server, for the e2e tests (DESIGN.md
-//! section 9): real HTTP/JSON for the real kube client, faithful on what
-//! the kubernetes store relies on — 404/409 `Status` objects with
-//! `reason`, create-if-absent (AlreadyExists), resourceVersion
-//! preconditions on PUT and DELETE, label selectors, finalizers (so a
-//! deleted pod can be left Terminating), and custom resources that exist
-//! only once their CRD is created. It counts requests by verb and can
-//! answer writes with 409s on purpose.
-//!
-//! It listens on `--listen ADDR` (inside the test's API netns) for the
-//! plugins, and on the unix socket `--control PATH` for the test harness,
-//! which also serves `/standin/stats`, `/standin/reset` and
-//! `/standin/faults`.
-//!
-//! With `--forward-unix PATH` instead of `--control`, it serves nothing
-//! itself: every connection to `--listen` is piped to that unix socket,
-//! where the harness connects it to a real cluster (e2e/src/cluster.rs).
+//! What the stand-in stores and how it answers each request: objects by
+//! resource, resourceVersions, finalizers, counters and planned faults.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
-use tiny_http::{Header, Method, Request, Response, Server};
+use tiny_http::Method;
+
+use crate::http::*;
 
 #[derive(Default)]
-struct State {
+pub(crate) struct State {
     /// collection path -> name -> object
-    objects: BTreeMap<String, BTreeMap<String, Value>>,
+    pub(crate) objects: BTreeMap<String, BTreeMap<String, Value>>,
     /// "group/version/plural" of registered CRDs -> has status subresource
-    crds: BTreeMap<String, bool>,
-    revision: u64,
-    uid: u64,
+    pub(crate) crds: BTreeMap<String, bool>,
+    pub(crate) revision: u64,
+    pub(crate) uid: u64,
     /// (verb, resource) -> requests
-    counts: BTreeMap<String, u64>,
+    pub(crate) counts: BTreeMap<String, u64>,
     /// The next N writes to custom resources answer 409 Conflict.
-    conflicts: u64,
+    pub(crate) conflicts: u64,
     /// Every Nth write to custom resources answers 409 Conflict (0: never).
-    conflict_every: u64,
-    writes: u64,
+    pub(crate) conflict_every: u64,
+    pub(crate) writes: u64,
     /// Transport and server faults on chosen verbs.
-    fault: Option<FaultPlan>,
-    fault_matches: u64,
+    pub(crate) fault: Option<FaultPlan>,
+    pub(crate) fault_matches: u64,
     /// xorshift state for `FaultPlan::chance`.
-    fault_rng: u64,
+    pub(crate) fault_rng: u64,
 }
 
 /// A fault the stand-in injects on every `every`th request whose verb is
@@ -50,19 +36,19 @@ struct State {
 /// when a connection drops between "claim created" and the client
 /// hearing so).
 #[derive(Clone)]
-struct FaultPlan {
-    kind: FaultKind,
-    verbs: Vec<String>,
-    every: u64,
+pub(crate) struct FaultPlan {
+    pub(crate) kind: FaultKind,
+    pub(crate) verbs: Vec<String>,
+    pub(crate) every: u64,
     /// Instead of every Nth: each matching request with this chance, from
     /// a fixed-seed generator (repeatable, but not in step with the
     /// client's own request pattern, as a period would be).
-    chance: Option<f64>,
-    after: bool,
+    pub(crate) chance: Option<f64>,
+    pub(crate) after: bool,
 }
 
 #[derive(Clone, Copy, PartialEq)]
-enum FaultKind {
+pub(crate) enum FaultKind {
     /// 500 InternalError.
     ServerError,
     /// The answer is held back this long (past the client's deadline, a
@@ -72,149 +58,9 @@ enum FaultKind {
     Drop,
 }
 
-fn verb_of(method: &Method, t: &Target) -> Option<&'static str> {
-    Some(match (method, &t.name) {
-        (Method::Get, None) => "list",
-        (Method::Get, Some(_)) => "get",
-        (Method::Post, None) => "create",
-        (Method::Put, Some(_)) => "update",
-        (Method::Delete, Some(_)) => "delete",
-        _ => return None,
-    })
-}
-
-struct Reply {
-    code: u16,
-    body: Value,
-}
-
-fn status(code: u16, reason: &str, message: String) -> Reply {
-    Reply {
-        code,
-        body: json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {},
-            "status": if code < 300 { "Success" } else { "Failure" },
-            "message": message, "reason": reason, "code": code,
-        }),
-    }
-}
-
-fn not_found(what: &str, name: &str) -> Reply {
-    status(404, "NotFound", format!("{what} \"{name}\" not found"))
-}
-
-/// A parsed request path: the collection and, maybe, one object.
-struct Target {
-    collection: String,
-    name: Option<String>,
-    /// The resource's plural, for counting and messages.
-    resource: String,
-    /// "group/version/plural" for a custom resource.
-    custom: Option<String>,
-}
-
-fn parse_target(path: &str) -> Option<Target> {
-    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let core = |collection: String, plural: &str, name: Option<&&str>| Target {
-        collection,
-        name: name.map(|s| s.to_string()),
-        resource: plural.to_string(),
-        custom: None,
-    };
-    match parts.as_slice() {
-        ["api", "v1", "nodes", rest @ ..] if rest.len() <= 1 => {
-            Some(core("/api/v1/nodes".into(), "nodes", rest.first()))
-        }
-        ["api", "v1", "namespaces", ns, "pods", rest @ ..] if rest.len() <= 1 => Some(core(
-            format!("/api/v1/namespaces/{ns}/pods"),
-            "pods",
-            rest.first(),
-        )),
-        ["apis", "apps", "v1", "namespaces", ns, "statefulsets", rest @ ..] if rest.len() <= 1 => {
-            Some(core(
-                format!("/apis/apps/v1/namespaces/{ns}/statefulsets"),
-                "statefulsets",
-                rest.first(),
-            ))
-        }
-        ["apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions", rest @ ..]
-            if rest.len() <= 1 =>
-        {
-            Some(core(
-                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions".into(),
-                "customresourcedefinitions",
-                rest.first(),
-            ))
-        }
-        ["apis", group, version, plural, rest @ ..] if rest.len() <= 1 => Some(Target {
-            collection: format!("/apis/{group}/{version}/{plural}"),
-            name: rest.first().map(|s| s.to_string()),
-            resource: plural.to_string(),
-            custom: Some(format!("{group}/{version}/{plural}")),
-        }),
-        _ => None,
-    }
-}
-
-/// Equality-based selectors (`a=b`, `a==b`, `a!=b`, `a`, `!a`), as the
-/// store uses them.
-fn selector_matches(selector: &str, labels: &Value) -> Result<bool, String> {
-    for term in selector.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-        let label = |k: &str| labels.get(k).and_then(Value::as_str);
-        let ok = if let Some((k, v)) = term.split_once("!=") {
-            label(k.trim()) != Some(v.trim())
-        } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
-            label(k.trim()) == Some(v.trim())
-        } else if let Some(k) = term.strip_prefix('!') {
-            label(k).is_none()
-        } else if term.contains(' ') || term.contains('(') {
-            return Err(format!("unsupported label selector term {term:?}"));
-        } else {
-            label(term).is_some()
-        };
-        if !ok {
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}
-
-fn query_param(url: &str, key: &str) -> Option<String> {
-    let query = url.split_once('?')?.1;
-    query.split('&').find_map(|kv| {
-        let (k, v) = kv.split_once('=')?;
-        (k == key).then(|| percent_decode(v))
-    })
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-                match u8::from_str_radix(hex, 16) {
-                    Ok(b) => {
-                        out.push(b);
-                        i += 3;
-                        continue;
-                    }
-                    Err(_) => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// The "group/version/plural" resources a CRD object serves, and whether
 /// each has the status subresource.
-fn served_by(crd: &Value) -> Vec<(String, bool)> {
+pub(crate) fn served_by(crd: &Value) -> Vec<(String, bool)> {
     let text = |p: &str| {
         crd.pointer(p)
             .and_then(Value::as_str)
@@ -239,7 +85,7 @@ fn served_by(crd: &Value) -> Vec<(String, bool)> {
         .unwrap_or_default()
 }
 
-fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|label| {
@@ -252,7 +98,7 @@ fn valid_name(name: &str) -> bool {
         })
 }
 
-fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -278,17 +124,17 @@ fn now_rfc3339() -> String {
 }
 
 impl State {
-    fn count(&mut self, verb: &str, resource: &str) {
+    pub(crate) fn count(&mut self, verb: &str, resource: &str) {
         *self.counts.entry(format!("{verb} {resource}")).or_default() += 1;
     }
 
-    fn next_rv(&mut self) -> String {
+    pub(crate) fn next_rv(&mut self) -> String {
         self.revision += 1;
         self.revision.to_string()
     }
 
     /// The fault for this request, if the plan picks it.
-    fn next_fault(&mut self, method: &Method, url: &str) -> Option<FaultPlan> {
+    pub(crate) fn next_fault(&mut self, method: &Method, url: &str) -> Option<FaultPlan> {
         let plan = self.fault.clone()?;
         let t = parse_target(url.split('?').next().unwrap_or(""))?;
         let verb = verb_of(method, &t)?;
@@ -319,7 +165,7 @@ impl State {
         Some(plan)
     }
 
-    fn injected_conflict(&mut self, t: &Target) -> Option<Reply> {
+    pub(crate) fn injected_conflict(&mut self, t: &Target) -> Option<Reply> {
         t.custom.as_ref()?;
         self.writes += 1;
         let hit = if self.conflicts > 0 {
@@ -344,7 +190,7 @@ impl State {
     /// The object an update or delete applies to, after the injected
     /// faults and the resourceVersion precondition, or the refusal, worded
     /// as kube-apiserver words it.
-    fn writable(
+    pub(crate) fn writable(
         &mut self,
         t: &Target,
         name: &str,
@@ -387,7 +233,13 @@ impl State {
     }
 
     /// `counted` is false for the harness's own requests.
-    fn handle(&mut self, method: &Method, url: &str, body: &[u8], counted: bool) -> Reply {
+    pub(crate) fn handle(
+        &mut self,
+        method: &Method,
+        url: &str,
+        body: &[u8],
+        counted: bool,
+    ) -> Reply {
         let path = url.split('?').next().unwrap_or("");
         let Some(t) = parse_target(path) else {
             return status(
@@ -636,7 +488,7 @@ impl State {
         }
     }
 
-    fn control(&mut self, method: &Method, path: &str, body: &[u8]) -> Option<Reply> {
+    pub(crate) fn control(&mut self, method: &Method, path: &str, body: &[u8]) -> Option<Reply> {
         let reply = match (method, path) {
             (Method::Get, "/standin/stats") => Reply {
                 code: 200,
@@ -684,218 +536,5 @@ impl State {
             _ => return None,
         };
         Some(reply)
-    }
-}
-
-fn serve(server: Arc<Server>, state: Arc<Mutex<State>>, control: bool) {
-    loop {
-        let Ok(mut req) = server.recv() else { return };
-        let mut body = Vec::new();
-        if req.as_reader().read_to_end(&mut body).is_err() {
-            continue;
-        }
-        let start = std::time::Instant::now();
-        let lock = || match state.lock() {
-            Ok(st) => st,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        let fault = if control {
-            None
-        } else {
-            lock().next_fault(req.method(), req.url())
-        };
-        if let Some(plan) = fault.as_ref().filter(|p| !p.after) {
-            // Before handling: the request has no effect.
-            if let FaultKind::Slow(ms) = plan.kind {
-                std::thread::sleep(std::time::Duration::from_millis(ms));
-            } else {
-                misbehave(req, plan.kind);
-                continue;
-            }
-        }
-        let reply = {
-            let mut st = lock();
-            let path = req.url().split('?').next().unwrap_or("").to_string();
-            let ctl = if control {
-                st.control(req.method(), &path, &body)
-            } else {
-                None
-            };
-            match ctl {
-                Some(r) => r,
-                None => st.handle(req.method(), req.url(), &body, !control),
-            }
-        };
-        if std::env::var_os("STANDIN_TRACE").is_some() && !control {
-            eprintln!(
-                "{} {} -> {}{}",
-                req.method(),
-                req.url(),
-                reply.code,
-                if fault.is_some() { " (faulted)" } else { "" }
-            );
-        }
-        match fault.filter(|p| p.after) {
-            // After handling: the effect stands, the answer goes wrong.
-            Some(FaultPlan {
-                kind: FaultKind::Slow(ms),
-                ..
-            }) => {
-                std::thread::sleep(std::time::Duration::from_millis(ms));
-                respond(req, reply);
-            }
-            Some(plan) => {
-                misbehave(req, plan.kind);
-                continue;
-            }
-            None => respond(req, reply),
-        }
-        if !control {
-            // The server's own share of a request's latency, so a benchmark
-            // can tell the plugin's cost from this stand-in's.
-            let micros = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
-            let mut st = match state.lock() {
-                Ok(st) => st,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            *st.counts.entry(SERVER_MICROS.into()).or_default() += micros;
-        }
-    }
-}
-
-/// The stats key carrying the time spent serving requests (not a count).
-const SERVER_MICROS: &str = "server busy us";
-
-/// A 500, or a connection that ends in the middle of the answer.
-fn misbehave(req: Request, kind: FaultKind) {
-    if kind == FaultKind::Drop {
-        let mut w = req.into_writer();
-        let _ = w.write_all(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\nConnection: close\r\n\r\n{\"kind\":",
-        );
-        let _ = w.flush();
-        return;
-    }
-    respond(
-        req,
-        status(500, "InternalError", "injected by the stand-in".into()),
-    );
-}
-
-fn respond(req: Request, reply: Reply) {
-    let body = serde_json::to_vec(&reply.body).unwrap_or_default();
-    let mut resp = Response::from_data(body).with_status_code(reply.code);
-    if let Ok(h) = Header::from_bytes("Content-Type", "application/json") {
-        resp.add_header(h);
-    }
-    let _ = req.respond(resp);
-}
-
-/// A listener whose connections have TCP_NODELAY (Linux hands it on to
-/// accepted sockets), as Go's net/http and so kube-apiserver have: without
-/// it, Nagle and delayed ACKs add 40 ms to every answer written in two parts.
-fn listen_nodelay(addr: &str) -> Result<Server, Box<dyn std::error::Error + Send + Sync>> {
-    use std::os::fd::AsRawFd;
-    let listener = std::net::TcpListener::bind(addr)?;
-    let one: libc::c_int = 1;
-    // SAFETY: a valid socket fd and a c_int option value of the right size.
-    let rc = unsafe {
-        libc::setsockopt(
-            listener.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            std::ptr::addr_of!(one).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    Server::from_listener(listener, None)
-}
-
-/// Pipes every TCP connection on `listen` to the unix socket `socket`.
-fn forward(listen: &str, socket: &str) -> ! {
-    let listener = match std::net::TcpListener::bind(listen) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("kube-standin: cannot listen on {listen}: {e}");
-            std::process::exit(1);
-        }
-    };
-    eprintln!("kube-standin: forwarding {listen} to {socket}");
-    for conn in listener.incoming() {
-        let Ok(tcp) = conn else { continue };
-        let socket = socket.to_string();
-        // Connect off the accept loop, so a slow peer never stalls accepting.
-        std::thread::spawn(move || {
-            let unix = match std::os::unix::net::UnixStream::connect(&socket) {
-                Ok(u) => u,
-                Err(e) => {
-                    eprintln!("kube-standin: cannot reach {socket}: {e}; dropping the connection");
-                    return;
-                }
-            };
-            let (Ok(tcp2), Ok(unix2)) = (tcp.try_clone(), unix.try_clone()) else {
-                return;
-            };
-            std::thread::spawn(move || {
-                let (mut a, mut b) = (unix2, tcp2);
-                let _ = std::io::copy(&mut a, &mut b);
-                let _ = b.shutdown(std::net::Shutdown::Write);
-            });
-            let (mut a, mut b) = (tcp, unix);
-            let _ = std::io::copy(&mut a, &mut b);
-            let _ = b.shutdown(std::net::Shutdown::Write);
-        });
-    }
-    std::process::exit(1)
-}
-
-fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let flag = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    if let (Some(listen), Some(socket)) = (flag("--listen"), flag("--forward-unix")) {
-        forward(&listen, &socket);
-    }
-    let (Some(listen), Some(control)) = (flag("--listen"), flag("--control")) else {
-        eprintln!(
-            "usage: kube-standin --listen ADDR:PORT (--control SOCKET | --forward-unix SOCKET)"
-        );
-        std::process::exit(2);
-    };
-    let _ = std::fs::remove_file(&control);
-    let api = match listen_nodelay(&listen) {
-        Ok(s) => Arc::new(s),
-        Err(e) => {
-            eprintln!("kube-standin: cannot listen on {listen}: {e}");
-            std::process::exit(1);
-        }
-    };
-    let ctl = match Server::http_unix(std::path::Path::new(&control)) {
-        Ok(s) => Arc::new(s),
-        Err(e) => {
-            eprintln!("kube-standin: cannot listen on {control}: {e}");
-            std::process::exit(1);
-        }
-    };
-    let state = Arc::new(Mutex::new(State::default()));
-    let mut workers = Vec::new();
-    for i in 0..8 {
-        let (server, st, is_ctl) = if i < 6 {
-            (api.clone(), state.clone(), false)
-        } else {
-            (ctl.clone(), state.clone(), true)
-        };
-        workers.push(std::thread::spawn(move || serve(server, st, is_ctl)));
-    }
-    eprintln!("kube-standin: serving on {listen} and {control}");
-    for w in workers {
-        let _ = w.join();
     }
 }
