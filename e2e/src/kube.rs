@@ -447,7 +447,7 @@ impl Drop for StandIn {
     }
 }
 
-/// Checks invariants 1-3 on the stored objects (DESIGN.md section 3).
+/// Checks I1-I3 (ARCHITECTURE.md) on the stored objects.
 #[track_caller]
 pub fn assert_claim_invariants(claims: &[Value]) {
     use std::collections::BTreeMap;

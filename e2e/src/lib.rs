@@ -1,4 +1,4 @@
-//! End-to-end harness: real network namespaces shaped like DESIGN.md §9.
+//! End-to-end harness: real network namespaces (ARCHITECTURE.md, code map: e2e).
 //!
 //! A `Topology` owns a fabric netns (a Linux bridge as the physical switch),
 //! node netns whose veth uplink into the fabric is the macvlan master, a

@@ -1,5 +1,5 @@
 //! Reading the sticky-ipam file store back, to check the invariants of
-//! DESIGN.md section 3 from what was written, not from what the plugin said.
+//! I1-I5 (ARCHITECTURE.md) from what was written, not from what the plugin said.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

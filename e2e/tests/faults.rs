@@ -2,7 +2,7 @@
 //! debug build honours through `STICKY_FAULT`) at every step of ADD and
 //! DEL, on the file store and on the kubernetes store, and then kubelet's
 //! next step runs: a retried ADD, or DEL followed by a new sandbox.
-//! Afterwards DESIGN.md section 3 is checked against what was written and
+//! Afterwards I1-I5 (ARCHITECTURE.md) are checked against what was written and
 //! what is in the namespaces: no duplicate address, one address per
 //! identity, no claim left held by a sandbox that is gone, no leaked link,
 //! and an identity that had an address still has it.

@@ -1,6 +1,6 @@
 //! The kubernetes store through the real plugin binary and the real kube
 //! client, on three node netns that share the stand-in API server
-//! (DESIGN.md sections 4, 5 and 9): reschedule after a node crash,
+//! (README, "The kubernetes store"): reschedule after a node crash,
 //! refusal while the old pod may be alive, the out-of-service taint,
 //! a configured identity shared by two replicas, racing nodes, injected
 //! 409s and an unreachable API.

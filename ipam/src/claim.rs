@@ -1,5 +1,5 @@
 //! A claim binds (network, IP) to an identity and names its current holder
-//! (DESIGN.md section 3). These are the records the stores keep.
+//! (I1-I3 in ARCHITECTURE.md). These are the records the stores keep.
 
 use std::net::IpAddr;
 

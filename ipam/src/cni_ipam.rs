@@ -345,7 +345,7 @@ impl StickyIpam {
     }
 
     /// Undoes this process's ADD after a later step failed: the claims go
-    /// back to exactly what they were (invariant 5), unlike DEL, which
+    /// back to exactly what they were (I5), unlike DEL, which
     /// would leave a taken-over claim without its old holder.
     pub fn undo_add(&mut self) -> CniResult<()> {
         let Some(done) = self.committed.take() else {

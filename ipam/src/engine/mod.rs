@@ -5,7 +5,7 @@
 //! (`release`). Each `plan_*` reads through `ClaimStore` and asks
 //! `Inspector` for liveness verdicts, and returns a `Plan`; nothing is
 //! written until the caller commits the whole plan, so a refusal in any
-//! range set changes nothing (invariant 5).
+//! range set changes nothing (I5 in ARCHITECTURE.md).
 
 use std::net::IpAddr;
 

@@ -25,7 +25,7 @@ pub fn release_holder(claim: &Claim, now: u64) -> Change {
 }
 
 /// DEL: releases what this attachment holds; anyone else's DEL is a no-op
-/// (invariant 3), and a second DEL finds nothing (invariant 4).
+/// (I3), and a second DEL finds nothing (I4).
 pub fn plan_del(
     store: &mut dyn ClaimStore,
     container_id: &str,
@@ -145,7 +145,7 @@ pub fn plan_retire(
 }
 
 /// Undoes a committed ADD plan after the rest of the ADD failed, claim by
-/// claim, only where nobody changed the claim since (invariant 5).
+/// claim, only where nobody changed the claim since (I5).
 pub fn plan_undo(store: &mut dyn ClaimStore, done: &Plan) -> PlanResult<Plan> {
     let mut undo = Plan::default();
     for change in done.changes.iter().rev() {

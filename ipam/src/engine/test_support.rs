@@ -98,7 +98,7 @@ pub fn del(s: &mut MemoryStore, cid: &str) {
     s.commit(&plan).unwrap();
 }
 
-/// Every invariant of DESIGN.md section 3 that a store can show.
+/// The invariants I1-I5 (ARCHITECTURE.md) that a store can show.
 pub fn assert_invariants(s: &MemoryStore) {
     let mut per_identity: BTreeMap<(&str, Family), usize> = BTreeMap::new();
     for c in s.claims.values() {

@@ -1,5 +1,5 @@
 //! "Once the old holder is confirmed dead" with the cluster's evidence
-//! (DESIGN.md section 4). `judge_cluster` is pure; `KubeInspector` feeds it
+//! (README, "Allocation and liveness"). `judge_cluster` is pure; `KubeInspector` feeds it
 //! from the API, after the node-local rules (same pod, rebooted node, netns
 //! gone) that need no request.
 

@@ -1,4 +1,4 @@
-//! The Kubernetes side of sticky-ipam (DESIGN.md sections 4 and 5): claims
+//! The Kubernetes side of sticky-ipam (README, "The kubernetes store"): claims
 //! as `IPClaim` objects, liveness from pods and nodes. Everything that
 //! talks HTTP sits behind `KubeApi`: `client::KubeClient` is the real one
 //! (the `kube` crate), `fake::FakeApi` records calls for the unit tests.
@@ -130,7 +130,7 @@ pub fn holder_label(container_id: &str, ifname: &str) -> String {
 }
 
 /// `<network>.<ip>`: one object per (network, IP), so create-if-absent is
-/// the lock on an address (invariant 1). IPv6 colons become dashes.
+/// the lock on an address (I1). IPv6 colons become dashes.
 pub fn object_name(network: &str, ip: std::net::IpAddr) -> String {
     let ip = match ip {
         std::net::IpAddr::V4(v4) => v4.to_string(),

@@ -13,7 +13,7 @@
 //! entries are made durable *before* the claim they point to, and every
 //! index read is checked against the claims, so an index may be stale but
 //! never missing a claim: that is what keeps one address per identity
-//! (invariant 2) across a crash without scanning all claims on each ADD.
+//! (I2) across a crash without scanning all claims on each ADD.
 //! Which fsyncs and why: a grant (a new claim or a new holder) fsyncs its
 //! identity entry and that directory, then the claim and its directory,
 //! before ADD answers: stickiness must survive a power loss. Holder entries

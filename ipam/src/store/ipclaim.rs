@@ -1,9 +1,9 @@
-//! Claims as `IPClaim` objects in the Kubernetes API (DESIGN.md section
-//! 5). No lock and no pool object: every write carries a precondition
+//! Claims as `IPClaim` objects in the Kubernetes API (README, "The
+//! kubernetes store"). No lock and no pool object: every write carries a precondition
 //! (create-if-absent, or the resourceVersion read), so a plan built on
 //! stale reads fails with `StoreError::Conflict` and is planned again.
 //!
-//! Invariant 2 (one address per identity and family) spans objects, which
+//! I2 (one address per identity and family) spans objects, which
 //! the API cannot lock together. It is kept by create-then-verify: after
 //! creating a claim for an identity, the identity's claims are listed (a
 //! quorum read); if there is more than one per family, this ADD removes

@@ -1,5 +1,4 @@
-//! A stand-in for the Kubernetes API server, for the e2e tests (DESIGN.md
-//! section 9): real HTTP/JSON for the real kube client, faithful on what
+//! A stand-in for the Kubernetes API server, for the e2e tests: real HTTP/JSON for the real kube client, faithful on what
 //! the kubernetes store relies on — 404/409 `Status` objects with
 //! `reason`, create-if-absent (AlreadyExists), resourceVersion
 //! preconditions on PUT and DELETE, label selectors, finalizers (so a
