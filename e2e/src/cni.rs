@@ -84,6 +84,27 @@ impl CniReply {
             .to_string()
     }
 
+    /// A refusal: this code, and a message naming every one of `needles`;
+    /// the message, for more checks.
+    #[track_caller]
+    pub fn expect_refused(&self, code: u64, needles: &[&str]) -> String {
+        assert_eq!(
+            self.code(),
+            Some(code),
+            "expected code {code}: stdout={} stderr={}",
+            self.stdout,
+            self.stderr
+        );
+        let msg = self.msg();
+        for needle in needles {
+            assert!(
+                msg.contains(needle),
+                "the refusal does not name {needle:?}: {msg}"
+            );
+        }
+        msg
+    }
+
     #[track_caller]
     pub fn expect_ok(&self) -> &Value {
         assert!(

@@ -13,6 +13,7 @@ pub mod cni;
 pub mod kube;
 pub mod report;
 pub mod runtime;
+pub mod scenario;
 pub mod state;
 pub mod store;
 

@@ -4,16 +4,11 @@
 
 use serde_json::{json, Value};
 use sticky_e2e::store::claims;
-use sticky_e2e::{
-    configs, ip, links_in, our_plugin, CniCall, CniReply, Pod, Topology, SUBNET_PREFIX,
-};
+use sticky_e2e::{configs, ip, links_in, CniReply, Pod, Topology, SUBNET_PREFIX};
 
 /// ADD on node 1 for `pod` as container `cid`.
 fn add(topo: &Topology, conf: Value, pod: &Pod, cid: &str) -> CniReply {
-    CniCall::new(&our_plugin(), &topo.node(0).netns, "ADD", conf)
-        .container(cid)
-        .netns(&pod.path)
-        .run()
+    sticky_e2e::scenario::call(topo, 0, "ADD", &conf, cid, pod, "")
 }
 
 /// A host on the fabric that nobody allocated (a misconfigured static IP)
@@ -48,12 +43,7 @@ fn probing_fresh_allocations_catches_a_squatter() {
     conf["probe"] = json!({"fresh": true});
     let pod = topo.add_pod("p1");
     let refused = add(&topo, conf.clone(), &pod, "p1");
-    assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
-    assert!(
-        refused.msg().contains(&squatted) && refused.msg().contains(&mac),
-        "{}",
-        refused.msg()
-    );
+    refused.expect_refused(11, &[&squatted, &mac]);
     assert_eq!(links_in(&pod.netns), ["lo"]);
     assert!(
         claims(&store, "macnet").is_empty(),
@@ -81,14 +71,7 @@ fn gateway_check_reports_a_silent_gateway() {
     bad_conf["gatewayCheck"] = json!(true);
     let bad = topo.add_pod("bad");
     let refused = add(&topo, bad_conf, &bad, "bad");
-    assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
-    assert!(
-        refused
-            .msg()
-            .contains(&format!("gateway {silent} did not answer")),
-        "{}",
-        refused.msg()
-    );
+    refused.expect_refused(11, &[&format!("gateway {silent} did not answer")]);
     assert_eq!(links_in(&bad.netns), ["lo"]);
     assert!(claims(&topo.file("store2"), "macnet").is_empty());
 }
@@ -117,13 +100,9 @@ fn gateway_check_covers_ipv6_gateways() {
     topo.delete_netns(&good_ns);
     let bad = topo.add_pod("bad6");
     let refused = add(&topo, dual(topo.file("s2"), "fd00:213::fe"), &bad, "bad6");
-    assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
-    assert!(
-        refused
-            .msg()
-            .contains("gateway fd00:213::fe did not answer neighbour solicitation"),
-        "{}",
-        refused.msg()
+    refused.expect_refused(
+        11,
+        &["gateway fd00:213::fe did not answer neighbour solicitation"],
     );
     assert_eq!(links_in(&bad.netns), ["lo"]);
     assert!(claims(&topo.file("s2"), "macnet").is_empty());

@@ -33,16 +33,8 @@ fn conf(topo: &Topology, api: &StandIn, node: usize, extra: Value) -> Value {
 }
 
 fn add(topo: &Topology, api: &StandIn, node: usize, pod: &Pod, cid: &str, args: &str) -> CniReply {
-    CniCall::new(
-        &our_plugin(),
-        &topo.node(node).netns,
-        "ADD",
-        conf(topo, api, node, json!({})),
-    )
-    .container(cid)
-    .netns(&pod.path)
-    .args(args)
-    .run()
+    let conf = conf(topo, api, node, json!({}));
+    sticky_e2e::scenario::call(topo, node, "ADD", &conf, cid, pod, args)
 }
 
 #[track_caller]
@@ -121,15 +113,7 @@ fn statefulset_pod_rescheduled_to_another_node_keeps_its_ip() {
         "ctr-a2",
         &k8s("rs0-0", "uid-new-a"),
     );
-    assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
-    let msg = refused.msg();
-    assert!(
-        msg.contains(&x)
-            && msg.contains("default/rs0-0")
-            && msg.contains(&api.node(1))
-            && msg.contains("still running"),
-        "{msg}"
-    );
+    refused.expect_refused(11, &[&x, "default/rs0-0", &api.node(1), "still running"]);
     // Deleted, but node1 never confirms: Terminating on a NotReady node.
     api.delete_pod(NS, "rs0-0");
     let refused = add(
@@ -140,12 +124,7 @@ fn statefulset_pod_rescheduled_to_another_node_keeps_its_ip() {
         "ctr-a2",
         &k8s("rs0-0", "uid-new-a"),
     );
-    assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
-    assert!(
-        refused.msg().contains("terminating") && refused.msg().contains("out-of-service"),
-        "{}",
-        refused.msg()
-    );
+    refused.expect_refused(11, &["terminating", "out-of-service"]);
     assert_eq!(holder_node(&api, &x), Some(api.node(1)));
 
     // The operator declares node1 down: the pod's address moves to node2.
@@ -197,12 +176,7 @@ fn configured_identity_shared_by_two_replicas() {
         &k8s("web-7f9c-aaaaa", &uid1),
     ));
     let second = add(&topo, &api, 1, &p2, "web-b", &k8s("web-7f9c-bbbbb", &uid2));
-    assert_eq!(second.code(), Some(11), "{}", second.stdout);
-    assert!(
-        second.msg().contains("web-7f9c-aaaaa") && second.msg().contains(&api.node(1)),
-        "{}",
-        second.msg()
-    );
+    second.expect_refused(11, &["web-7f9c-aaaaa", &api.node(1)]);
     assert!(
         !sticky_e2e::ip_ok(&["-n", &p2.netns, "link", "show", "net1"]),
         "a refused ADD left its link"
@@ -654,12 +628,7 @@ fn exhausted_pool_reuses_a_deleted_statefulsets_addresses() {
     let web = topo.add_pod("web-1");
     // All three reserved by live StatefulSets: refused, naming them.
     let refused = add_small(&topo, &web, "web-1", &k8s("web-1", &web_uid));
-    assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
-    assert!(
-        refused.msg().contains("reserved by sticky identities"),
-        "{}",
-        refused.msg()
-    );
+    refused.expect_refused(11, &["reserved by sticky identities"]);
     api.delete_stateful_set(NS, "old");
     let got = add_small(&topo, &web, "web-1", &k8s("web-1", &web_uid));
     let ip = address(&got);
@@ -997,12 +966,7 @@ fn split_brain_takeover_is_refused_while_the_old_holder_answers() {
     let uid2 = api.add_pod(NS, "sb-0", &api.node(2), Some(("sb", &set)), None);
     let new = topo.add_pod("sb-0-new");
     let refused = add(&topo, &api, 1, &new, "sb-new", &k8s("sb-0", &uid2));
-    assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
-    assert!(
-        refused.msg().contains(&x) && refused.msg().contains(&old_mac),
-        "the refusal names the address and the answering MAC {old_mac}: {}",
-        refused.msg()
-    );
+    refused.expect_refused(11, &[&x, &old_mac]);
     assert_eq!(
         sticky_e2e::links_in(&new.netns),
         ["lo"],

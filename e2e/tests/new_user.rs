@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use serde_json::{json, Value};
+use sticky_e2e::scenario::{call, pod_args};
 use sticky_e2e::store::claims;
 use sticky_e2e::{
     configs, links_in, our_ipam, reference_plugin, CniCall, CniReply, Pod, Topology, SUBNET_PREFIX,
@@ -16,7 +17,7 @@ use sticky_e2e::{
 const NET: &str = "macnet";
 
 fn k8s(namespace: &str, name: &str, uid: &str) -> String {
-    format!("IgnoreUnknown=true;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={uid};K8S_POD_UID={uid};IgnoreUnknown=1")
+    pod_args(namespace, name, uid)
 }
 
 /// The BGP peer NAD of examples/nad-sticky-bgp-peer.yaml on the test
@@ -36,17 +37,9 @@ fn bgp_peer(store: &Path) -> Value {
     conf
 }
 
+/// ADD by our plugin from `node`, the pod's netns name as container ID.
 fn add(topo: &Topology, node: usize, conf: &Value, pod: &Pod, args: &str) -> CniReply {
-    CniCall::new(
-        &sticky_e2e::our_plugin(),
-        &topo.node(node).netns,
-        "ADD",
-        conf.clone(),
-    )
-    .container(&pod.netns)
-    .netns(&pod.path)
-    .args(args)
-    .run()
+    call(topo, node, "ADD", conf, &pod.netns, pod, args)
 }
 
 /// The MAC of `ifname` in a pod, as the kernel has it.

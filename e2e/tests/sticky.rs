@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use sticky_e2e::scenario::{call, pod_args};
 use sticky_e2e::store::{assert_invariants, claims, holder_of};
 use sticky_e2e::{
     configs, links_in, our_ipam, our_plugin, reference_plugin, CniCall, CniReply, Pod, Topology,
@@ -18,23 +19,7 @@ use sticky_e2e::{
 const NET: &str = "macnet";
 
 fn k8s(name: &str, uid: &str) -> String {
-    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=infra;K8S_POD_UID={uid};IgnoreUnknown=1")
-}
-
-fn call(
-    topo: &Topology,
-    node: usize,
-    cmd: &str,
-    conf: &Value,
-    cid: &str,
-    pod: &Pod,
-    args: &str,
-) -> CniReply {
-    CniCall::new(&our_plugin(), &topo.node(node).netns, cmd, conf.clone())
-        .container(cid)
-        .netns(&pod.path)
-        .args(args)
-        .run()
+    pod_args("default", name, uid)
 }
 
 #[track_caller]
@@ -195,12 +180,7 @@ fn field_report_b_replacements_after_node_crash_need_no_cleanup() {
         &extra,
         &k8s("web-extra", "x"),
     );
-    assert_eq!(full.code(), Some(11), "{}", full.stdout);
-    assert!(
-        full.msg().contains("10.213.0.10-10.213.0.19") && full.msg().contains(NET),
-        "{}",
-        full.msg()
-    );
+    full.expect_refused(11, &["10.213.0.10-10.213.0.19", NET]);
 
     let refs: Vec<&Pod> = on_node1.iter().collect();
     topo.crash_node(0, &refs);
@@ -386,12 +366,7 @@ fn live_holder_is_refused_and_nothing_changes() {
         &rival,
         &k8s("peer-b-2", "uid-2"),
     );
-    assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
-    let msg = refused.msg();
-    assert!(
-        msg.contains(&ip) && msg.contains("default/peer-b-1") && msg.contains("still exists"),
-        "{msg}"
-    );
+    refused.expect_refused(11, &[&ip, "default/peer-b-1", "still exists"]);
     assert_eq!(snapshot(&store), before, "the store is untouched");
     assert_eq!(
         links_in(&rival.netns),
@@ -589,12 +564,7 @@ fn standalone_ipam_behind_reference_macvlan() {
     // Refused while a2's netns lives, taken over once it is gone.
     let a3 = topo.add_pod("a3");
     let refused = run(&topo, 1, "ADD", "a3", &a3, &k8s("peer-0", "u4"));
-    assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
-    assert!(
-        refused.msg().contains("held by pod default/peer-0"),
-        "{}",
-        refused.msg()
-    );
+    refused.expect_refused(11, &["held by pod default/peer-0"]);
     // The reference macvlan leaves its link behind when its IPAM refuses
     // (ours removes it); kubelet's next try is a new sandbox anyway.
     eprintln!(
