@@ -102,9 +102,22 @@ pub fn log(level: LogLevel, msg: &str) {
 }
 
 /// "2026-12-03T07:21:59.123Z" for a time in seconds since the epoch (UTC,
-/// the proleptic Gregorian calendar; days to a date after Howard Hinnant's
-/// civil_from_days).
+/// the proleptic Gregorian calendar).
 pub fn rfc3339(secs: u64, millis: u32) -> String {
+    let (date, time) = civil(secs);
+    format!("{date}T{time}.{millis:03}Z")
+}
+
+/// "2026-12-03T07:21:59Z": the same to the second, as Kubernetes writes
+/// timestamps.
+pub fn rfc3339_seconds(secs: u64) -> String {
+    let (date, time) = civil(secs);
+    format!("{date}T{time}Z")
+}
+
+/// ("YYYY-MM-DD", "hh:mm:ss") of a time in seconds since the epoch; days
+/// to a date after Howard Hinnant's civil_from_days.
+fn civil(secs: u64) -> (String, String) {
     let days = secs / 86_400;
     let rem = secs % 86_400;
     let z = days as i64 + 719_468;
@@ -116,11 +129,9 @@ pub fn rfc3339(secs: u64, millis: u32) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
+    (
+        format!("{year:04}-{month:02}-{day:02}"),
+        format!("{:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60),
     )
 }
 
@@ -150,5 +161,6 @@ mod tests {
         assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
         assert_eq!(rfc3339(1_796_282_519, 123), "2026-12-03T07:21:59.123Z");
         assert_eq!(rfc3339(4_102_444_799, 999), "2099-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339_seconds(1_796_282_519), "2026-12-03T07:21:59Z");
     }
 }

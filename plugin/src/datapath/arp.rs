@@ -13,6 +13,7 @@ use std::io;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
+use super::packet::PacketSocket;
 use super::Mac;
 
 const ARP_REQUEST: u16 = 1;
@@ -132,152 +133,27 @@ pub fn answer_from(msg: &ArpMessage, target: Ipv4Addr) -> Option<Mac> {
     (msg.op == ARP_REPLY && msg.sender_ip == target).then_some(msg.sender_mac)
 }
 
-/// Waits until `fd` has something to read (true) or `until` passes
-/// (false); shared by the ARP and neighbour-discovery sockets.
-pub(super) fn readable_before(fd: &std::os::fd::OwnedFd, until: Instant) -> io::Result<bool> {
-    loop {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Ok(false);
-        }
-        let mut pfd = libc::pollfd {
-            fd: std::os::fd::AsRawFd::as_raw_fd(fd),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
-        // SAFETY: poll(2) on one valid pollfd.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        return Ok(rc > 0);
-    }
-}
-
 /// A packet socket for ARP bound to `ifindex`, in this thread's netns.
-struct ArpSocket {
-    fd: std::os::fd::OwnedFd,
-    ifindex: i32,
-}
-
-/// The last OS error, prefixed with what was being done.
-pub(super) fn last_error(what: &str) -> io::Error {
-    let e = io::Error::last_os_error();
-    io::Error::new(e.kind(), format!("{what}: {e}"))
-}
+struct ArpSocket(PacketSocket);
 
 impl ArpSocket {
     fn open(ifindex: u32) -> io::Result<ArpSocket> {
-        use std::os::fd::FromRawFd;
-        let proto = (ETH_P_ARP).to_be() as i32;
-        // SAFETY: plain socket(2); the fd is owned right away.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-                proto,
-            )
-        };
-        if raw < 0 {
-            return Err(last_error("open an ARP packet socket"));
-        }
-        // SAFETY: `raw` is a fresh, valid descriptor nobody else owns.
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
-        let ifindex = i32::try_from(ifindex).map_err(|_| {
-            io::Error::new(io::ErrorKind::InvalidInput, "interface index too large")
-        })?;
-        let sock = ArpSocket { fd, ifindex };
-        let addr = sock.address(&[0; 6]);
-        // SAFETY: bind(2) with a sockaddr_ll of the right size.
-        let rc = unsafe {
-            libc::bind(
-                std::os::fd::AsRawFd::as_raw_fd(&sock.fd),
-                std::ptr::addr_of!(addr).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(last_error("bind the ARP socket to the interface"));
-        }
-        Ok(sock)
-    }
-
-    fn address(&self, dest: &Mac) -> libc::sockaddr_ll {
-        // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
-        let mut a: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        a.sll_family = libc::AF_PACKET as u16;
-        a.sll_protocol = ETH_P_ARP.to_be();
-        a.sll_ifindex = self.ifindex;
-        a.sll_halen = 6;
-        a.sll_addr[..6].copy_from_slice(dest);
-        a
+        PacketSocket::open(ifindex, ETH_P_ARP).map(ArpSocket)
     }
 
     fn send(&self, msg: &ArpMessage) -> io::Result<()> {
-        let payload = msg.encode();
-        let to = self.address(&BROADCAST);
-        // SAFETY: sendto(2) with a valid buffer and sockaddr_ll.
-        let rc = unsafe {
-            libc::sendto(
-                std::os::fd::AsRawFd::as_raw_fd(&self.fd),
-                payload.as_ptr().cast(),
-                payload.len(),
-                0,
-                std::ptr::addr_of!(to).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(last_error("send an ARP packet"));
-        }
-        Ok(())
+        self.0.send(&msg.encode(), &BROADCAST, "send an ARP packet")
     }
 
-    /// The next ARP message from the wire (our own outgoing frames are
-    /// skipped), or None once `until` has passed.
+    /// The next ARP message from the wire, or None once `until` has passed.
     fn receive(&self, until: Instant) -> io::Result<Option<ArpMessage>> {
-        loop {
-            if !readable_before(&self.fd, until)? {
-                return Ok(None);
-            }
-            let mut buf = [0u8; 128];
-            // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
-            let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            let mut from_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-            // SAFETY: recvfrom(2) into buffers we own, of the stated lengths.
-            let n = unsafe {
-                libc::recvfrom(
-                    std::os::fd::AsRawFd::as_raw_fd(&self.fd),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_DONTWAIT,
-                    std::ptr::addr_of_mut!(from).cast(),
-                    &mut from_len,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) {
-                    continue;
-                }
-                return Err(e);
-            }
-            if from.sll_pkttype == libc::PACKET_OUTGOING {
-                continue;
-            }
-            let len = usize::try_from(n).unwrap_or(0);
+        let mut buf = [0u8; 128];
+        while let Some((len, _)) = self.0.receive(&mut buf, until)? {
             if let Some(msg) = ArpMessage::decode(&buf[..len]) {
                 return Ok(Some(msg));
             }
         }
+        Ok(None)
     }
 }
 

@@ -6,6 +6,7 @@ pub mod fake;
 pub mod macvlan;
 pub mod ndp;
 pub mod netns;
+mod packet;
 pub mod rtnl;
 mod rtnl_decode;
 

@@ -13,7 +13,8 @@ use std::net::Ipv6Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Instant;
 
-use super::arp::{last_error, ProbeSpec};
+use super::arp::ProbeSpec;
+use super::packet::{last_error, readable_before, PacketSocket};
 use super::Mac;
 
 const NEIGHBOUR_SOLICITATION: u8 = 135;
@@ -151,100 +152,15 @@ pub fn dad_conflict(packet: &[u8], target: Ipv6Addr, from: Mac) -> Option<Mac> {
 /// on the link while it is open, so advertisements to all-nodes and
 /// other hosts' probes reach it.
 pub fn dad_probe_here(ifindex: u32, target: Ipv6Addr, spec: ProbeSpec) -> io::Result<Option<Mac>> {
-    let proto = i32::from(ETH_P_IPV6.to_be());
-    // SAFETY: plain socket(2); the fd is owned right away.
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_PACKET,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-            proto,
-        )
-    };
-    if raw < 0 {
-        return Err(last_error("open an IPv6 packet socket"));
-    }
-    // SAFETY: `raw` is a fresh, valid descriptor nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let index = i32::try_from(ifindex)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface index too large"))?;
-    // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
-    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    addr.sll_family = libc::AF_PACKET as u16;
-    addr.sll_protocol = ETH_P_IPV6.to_be();
-    addr.sll_ifindex = index;
-    // SAFETY: bind(2) with a sockaddr_ll of the right size.
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            std::ptr::addr_of!(addr).cast(),
-            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(last_error("bind the IPv6 packet socket to the interface"));
-    }
-    // SAFETY: packet_mreq is plain old data; all-zero is valid.
-    let mut mreq: libc::packet_mreq = unsafe { std::mem::zeroed() };
-    mreq.mr_ifindex = index;
-    mreq.mr_type = libc::PACKET_MR_ALLMULTI as u16;
-    // SAFETY: setsockopt(2) with a packet_mreq of the right size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_PACKET,
-            libc::PACKET_ADD_MEMBERSHIP,
-            std::ptr::addr_of!(mreq).cast(),
-            std::mem::size_of::<libc::packet_mreq>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(last_error("receive multicast on the interface"));
-    }
+    let sock = PacketSocket::open(ifindex, ETH_P_IPV6)?;
+    sock.receive_all_multicast()?;
     let packet = dad_solicitation(target);
-    let mut to = addr;
-    to.sll_halen = 6;
-    to.sll_addr[..6].copy_from_slice(&multicast_mac(solicited_node(target)));
+    let group = multicast_mac(solicited_node(target));
     for _ in 0..spec.count.max(1) {
-        // SAFETY: sendto(2) with a valid buffer and sockaddr_ll.
-        let rc = unsafe {
-            libc::sendto(
-                fd.as_raw_fd(),
-                packet.as_ptr().cast(),
-                packet.len(),
-                0,
-                std::ptr::addr_of!(to).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(last_error("send a DAD neighbour solicitation"));
-        }
+        sock.send(&packet, &group, "send a DAD neighbour solicitation")?;
         let until = Instant::now() + spec.interval;
-        while super::arp::readable_before(&fd, until)? {
-            let mut buf = [0u8; 1500];
-            // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
-            let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            let mut from_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-            // SAFETY: recvfrom(2) into buffers we own, of the stated lengths.
-            let n = unsafe {
-                libc::recvfrom(
-                    fd.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_DONTWAIT,
-                    std::ptr::addr_of_mut!(from).cast(),
-                    &mut from_len,
-                )
-            };
-            // Our own solicitations come back as outgoing frames.
-            let Ok(len) = usize::try_from(n) else {
-                continue;
-            };
-            if from.sll_pkttype == libc::PACKET_OUTGOING {
-                continue;
-            }
-            let mut sender = [0u8; 6];
-            sender.copy_from_slice(&from.sll_addr[..6]);
+        let mut buf = [0u8; 1500];
+        while let Some((len, sender)) = sock.receive(&mut buf, until)? {
             if let Some(mac) = dad_conflict(&buf[..len], target, sender) {
                 return Ok(Some(mac));
             }
@@ -337,7 +253,7 @@ pub fn resolve_here(
             return Err(last_error("send a neighbour solicitation"));
         }
         let until = Instant::now() + spec.interval;
-        while super::arp::readable_before(&fd, until)? {
+        while readable_before(&fd, until)? {
             let mut buf = [0u8; 256];
             // SAFETY: recv(2) into a buffer we own, of the stated length.
             let n = unsafe {
