@@ -45,16 +45,27 @@ pub struct StickyIpam {
     node: NodeFacts,
     /// Where claims live and who judges liveness.
     backend: Backend,
-    /// The ADD request, resolved early by `prepare_add`.
-    prepared: Option<AddRequest>,
-    /// Set when the API did not answer while resolving the identity.
+}
+
+/// An ADD resolved and validated (identity, requested addresses) before
+/// anything is created or written: what `StickyIpam::add` takes.
+#[derive(Debug, Clone)]
+pub struct PreparedAdd {
+    req: AddRequest,
+    /// Set when the API did not answer while resolving the identity: the
+    /// ADD can then only be served in degraded mode.
     unreachable: Option<String>,
-    /// What the last ADD committed, for `undo_add`.
-    committed: Option<Plan>,
-    /// What the last ADD granted, and to which identity: what decides
-    /// which addresses the wire must confirm (`wire`).
-    granted: Vec<(IpAddr, Origin)>,
-    granted_to: Option<Identity>,
+}
+
+/// What an ADD granted and wrote: the result to answer, what decides
+/// which addresses the wire must confirm (`must_confirm`), and what
+/// `undo_add` restores.
+#[derive(Debug, Clone)]
+pub struct Granted {
+    pub output: CniOutput,
+    committed: Plan,
+    origins: Vec<(IpAddr, Origin)>,
+    identity: Identity,
 }
 
 /// This node's name: `nodeName` from the config, else (kubernetes store)
@@ -134,11 +145,6 @@ impl StickyIpam {
             at,
             node,
             backend,
-            prepared: None,
-            unreachable: None,
-            committed: None,
-            granted: Vec::new(),
-            granted_to: None,
         })
     }
 
@@ -146,19 +152,23 @@ impl StickyIpam {
         &self.conf
     }
 
-    /// Addresses of the last ADD that the wire must confirm free before
-    /// they are bound (`wire::needs_wire_check`): those this store cannot
-    /// prove free everywhere they could be in use. `probe_fresh` is the
-    /// plugin's `probe.fresh`.
-    pub fn must_confirm(&self, probe_fresh: bool) -> Vec<IpAddr> {
-        let Some(identity) = &self.granted_to else {
-            return Vec::new();
-        };
+    /// Addresses of `granted` that the wire must confirm free before they
+    /// are bound (`wire::needs_wire_check`): those this store cannot prove
+    /// free everywhere they could be in use. `probe_fresh` is the plugin's
+    /// `probe.fresh`.
+    pub fn must_confirm(&self, granted: &Granted, probe_fresh: bool) -> Vec<IpAddr> {
         let scope = self.backend.scope();
-        self.granted
+        granted
+            .origins
             .iter()
             .filter(|(_, origin)| {
-                needs_wire_check(origin, identity, scope, &self.node.node, probe_fresh)
+                needs_wire_check(
+                    origin,
+                    &granted.identity,
+                    scope,
+                    &self.node.node,
+                    probe_fresh,
+                )
             })
             .map(|(ip, _)| *ip)
             .collect()
@@ -176,9 +186,9 @@ impl StickyIpam {
             .collect()
     }
 
-    fn request(&mut self) -> CniResult<AddRequest> {
+    fn request(&self) -> CniResult<PreparedAdd> {
         let args = CniArgs::parse(&self.at.args)?;
-        let pod = self.pod_for_identity(&args)?;
+        let (pod, unreachable) = self.pod_for_identity(&args)?;
         let identity = identity::resolve(
             &self.conf,
             &self.at.args_cni,
@@ -188,7 +198,7 @@ impl StickyIpam {
             pod.as_ref(),
         )?;
         let now = now_secs();
-        Ok(AddRequest {
+        let req = AddRequest {
             requested: requested_ips(&self.at, &args)?,
             caller: Caller {
                 pod_uid: args.pod_uid.clone(),
@@ -207,13 +217,15 @@ impl StickyIpam {
             },
             identity,
             now,
-        })
+        };
+        Ok(PreparedAdd { req, unreachable })
     }
 
     /// The pod, when the identity may come from it (annotation or a
     /// StatefulSet owner): kubernetes store only, and only when neither
-    /// args.cni nor the config names the identity.
-    fn pod_for_identity(&mut self, args: &CniArgs) -> CniResult<Option<PodFacts>> {
+    /// args.cni nor the config names the identity. The second value says
+    /// why the API did not answer, if it did not.
+    fn pod_for_identity(&self, args: &CniArgs) -> CniResult<(Option<PodFacts>, Option<String>)> {
         if self
             .at
             .args_cni
@@ -221,21 +233,18 @@ impl StickyIpam {
             .is_some_and(|v| !v.is_null())
             || self.conf.identity.is_some()
         {
-            return Ok(None);
+            return Ok((None, None));
         }
         let (Some(ns), Some(name)) = (args.pod_namespace.clone(), args.pod_name.clone()) else {
-            return Ok(None);
+            return Ok((None, None));
         };
         if !self.backend.is_kube() {
-            return Ok(None);
+            return Ok((None, None));
         }
         let client = self.backend.client().map_err(CniError::from)?;
         match client.get_pod(&ns, &name) {
-            Ok(pod) => Ok(pod),
-            Err(ApiError::Unreachable(why)) => {
-                self.unreachable = Some(why);
-                Ok(None)
-            }
+            Ok(pod) => Ok((pod, None)),
+            Err(ApiError::Unreachable(why)) => Ok((None, Some(why))),
             Err(e) => Err(StoreError::from(e).into()),
         }
     }
@@ -260,19 +269,13 @@ impl StickyIpam {
     /// Resolves and validates the ADD (identity, requested addresses)
     /// without writing, so a bad identity fails before the plugin creates
     /// anything.
-    pub fn prepare_add(&mut self) -> CniResult<()> {
-        if self.prepared.is_none() {
-            self.prepared = Some(self.request()?);
-        }
-        Ok(())
+    pub fn prepare_add(&self) -> CniResult<PreparedAdd> {
+        self.request()
     }
 
-    pub fn add(&mut self) -> CniResult<CniOutput> {
-        let req = match self.prepared.take() {
-            Some(req) => req,
-            None => self.request()?,
-        };
-        let (plan, grants) = self.add_planned(&req)?;
+    pub fn add(&mut self, prepared: PreparedAdd) -> CniResult<Granted> {
+        let PreparedAdd { req, unreachable } = prepared;
+        let (plan, grants) = self.add_planned(&req, unreachable)?;
         for g in &grants {
             match &g.took_over {
                 Some(note) => cni::log::info(&format!("identity {:?}: {note}", req.identity.key)),
@@ -284,17 +287,24 @@ impl StickyIpam {
                 )),
             }
         }
-        self.committed = Some(plan);
-        self.granted = grants.iter().map(|g| (g.ip, g.origin.clone())).collect();
-        self.granted_to = Some(req.identity.clone());
-        Ok(self.output(&grants))
+        Ok(Granted {
+            output: self.output(&grants),
+            committed: plan,
+            origins: grants.iter().map(|g| (g.ip, g.origin.clone())).collect(),
+            identity: req.identity,
+        })
     }
 
     /// Plans and commits the ADD on the configured store; on the
     /// kubernetes store an API that does not answer falls back to
     /// degraded mode. Returns what reached the store, for `undo_add`.
-    fn add_planned(&mut self, req: &AddRequest) -> CniResult<(Plan, Vec<Grant>)> {
-        if let Some(why) = self.unreachable.clone() {
+    fn add_planned(
+        &mut self,
+        req: &AddRequest,
+        unreachable: Option<String>,
+    ) -> CniResult<(Plan, Vec<Grant>)> {
+        if let Some(why) = unreachable {
+            let why = format!("kubernetes API unreachable: {why}");
             return self.add_degraded(self.backend.open_local(&self.conf.network)?, req, &why);
         }
         let first = self.first_cursors();
@@ -347,10 +357,8 @@ impl StickyIpam {
     /// Undoes this process's ADD after a later step failed: the claims go
     /// back to exactly what they were (I5), unlike DEL, which
     /// would leave a taken-over claim without its old holder.
-    pub fn undo_add(&mut self) -> CniResult<()> {
-        let Some(done) = self.committed.take() else {
-            return Ok(());
-        };
+    pub fn undo_add(&mut self, granted: Granted) -> CniResult<()> {
+        let done = granted.committed;
         if done.is_empty() {
             return Ok(());
         }

@@ -134,9 +134,10 @@ pub fn add(
         None => None,
     };
     let mut ipam = ipam;
-    if let Some(ipam) = ipam.as_deref_mut() {
-        ipam.prepare_add()?;
-    }
+    let prepared = match ipam.as_deref_mut() {
+        Some(ipam) => Some(ipam.prepare_add()?),
+        None => None,
+    };
     let master =
         macvlan::resolve_master(nl, conf.master.as_deref(), conf.link_in_container, conf.mtu)?;
     let spec = LinkSpec {
@@ -156,18 +157,20 @@ pub fn add(
         no_mac_given: mac.is_none(),
         prev,
     };
-    let result = match ipam {
-        None => attach.l2(nl),
-        Some(ipam) => ipam.add().and_then(|allocated| {
-            cni::fault::point(cni::fault::ADD_CLAIM_WRITTEN);
-            let unproven = ipam.must_confirm(conf.probe.fresh, &allocated);
-            attach.l3(nl, allocated, &unproven).map_err(|e| {
-                let release = ipam
-                    .undo_add()
-                    .map_err(|r| r.context("cannot release the IPAM after a failed ADD"));
-                macvlan::with_cleanup(e, release)
+    let result = match (ipam, prepared) {
+        (Some(ipam), Some(prepared)) => {
+            ipam.add(prepared, conf.probe.fresh).and_then(|allocation| {
+                cni::fault::point(cni::fault::ADD_CLAIM_WRITTEN);
+                let (result, unproven) = (allocation.result.clone(), allocation.unproven.clone());
+                attach.l3(nl, result, &unproven).map_err(|e| {
+                    let release = ipam
+                        .undo_add(allocation)
+                        .map_err(|r| r.context("cannot release the IPAM after a failed ADD"));
+                    macvlan::with_cleanup(e, release)
+                })
             })
-        }),
+        }
+        _ => attach.l2(nl),
     };
     result.map_err(|e| macvlan::with_cleanup(e, macvlan::discard_link(nl, &link)))
 }

@@ -14,18 +14,22 @@ struct FakeIpam {
 }
 
 impl Ipam for FakeIpam {
-    fn prepare_add(&mut self) -> CniResult<()> {
+    fn prepare_add(&mut self) -> CniResult<crate::ipam::Prepared> {
         if self.fail_prepare {
             return Err(CniError::invalid_config("args.cni.identity is empty"));
         }
-        Ok(())
+        Ok(crate::ipam::Prepared::Nothing)
     }
-    fn add(&mut self) -> CniResult<CniOutput> {
+    fn add(
+        &mut self,
+        _prepared: crate::ipam::Prepared,
+        probe_fresh: bool,
+    ) -> CniResult<crate::ipam::Allocation> {
         self.adds += 1;
         if self.fail_add {
             return Err(CniError::new(code::TRY_AGAIN_LATER, "pool busy"));
         }
-        Ok(self.result.clone().unwrap_or(CniOutput {
+        let result = self.result.clone().unwrap_or(CniOutput {
             ips: vec![IpConfig {
                 interface: None,
                 address: "10.0.0.5/24".parse().unwrap(),
@@ -33,13 +37,16 @@ impl Ipam for FakeIpam {
             }],
             routes: vec![crate::cni::Route::new("0.0.0.0/0".parse().unwrap(), None)],
             ..CniOutput::default()
-        }))
+        });
+        let unproven = if probe_fresh {
+            result.ips.iter().map(|i| i.address.addr()).collect()
+        } else {
+            self.taken.clone()
+        };
+        Ok(crate::ipam::Allocation::undone_by_del(result, unproven))
     }
-    fn must_confirm(&self, probe_fresh: bool, allocated: &CniOutput) -> Vec<std::net::IpAddr> {
-        if probe_fresh {
-            return allocated.ips.iter().map(|i| i.address.addr()).collect();
-        }
-        self.taken.clone()
+    fn undo_add(&mut self, _allocation: crate::ipam::Allocation) -> CniResult<()> {
+        self.del()
     }
     fn del(&mut self) -> CniResult<()> {
         self.dels += 1;

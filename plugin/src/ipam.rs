@@ -10,34 +10,56 @@ use std::process::{Command as Process, Stdio};
 
 use serde_json::Value;
 
-use sticky_ipam::cni_ipam::{Attachment, StickyIpam};
+use sticky_ipam::cni_ipam::{Attachment, Granted, PreparedAdd, StickyIpam};
 
 use crate::cni::conf::IpamSection;
 use crate::cni::{code, CniEnv, CniError, CniOutput, CniResult, CniVersion, Command};
 use crate::config::NetConf;
 
-pub trait Ipam {
-    /// Checks what ADD will ask for before the plugin creates anything.
-    fn prepare_add(&mut self) -> CniResult<()> {
-        Ok(())
-    }
-    fn add(&mut self) -> CniResult<CniOutput>;
-    /// Addresses of the last `add` the wire must confirm free before they
-    /// are bound. A delegate cannot say how it chose them: with
-    /// `probe.fresh` every one, else none (host-local's contract: a range
-    /// per node).
-    fn must_confirm(&self, probe_fresh: bool, allocated: &CniOutput) -> Vec<std::net::IpAddr> {
-        if probe_fresh {
-            allocated.ips.iter().map(|i| i.address.addr()).collect()
-        } else {
-            Vec::new()
+/// What `Ipam::prepare_add` checked before the plugin created anything;
+/// `Ipam::add` takes it, so the order cannot be got wrong.
+pub enum Prepared {
+    /// A delegate checks nothing ahead.
+    Nothing,
+    Sticky(Box<PreparedAdd>),
+}
+
+/// What `Ipam::add` allocated: the result, the addresses the wire must
+/// confirm free before they are bound, and how `Ipam::undo_add` undoes it.
+pub struct Allocation {
+    pub result: CniOutput,
+    pub unproven: Vec<std::net::IpAddr>,
+    undo: Undo,
+}
+
+impl Allocation {
+    /// An allocation that only the IPAM's DEL can undo (a delegate's).
+    pub fn undone_by_del(result: CniOutput, unproven: Vec<std::net::IpAddr>) -> Allocation {
+        Allocation {
+            result,
+            unproven,
+            undo: Undo::Delete,
         }
     }
-    /// Undoes this process's `add` after a later step of ADD failed. A
-    /// delegate only knows DEL; the in-process IPAM restores exactly.
-    fn undo_add(&mut self) -> CniResult<()> {
-        self.del()
+}
+
+enum Undo {
+    /// A delegate only knows DEL.
+    Delete,
+    /// The in-process IPAM restores each claim exactly.
+    Restore(Box<Granted>),
+}
+
+pub trait Ipam {
+    /// Checks what ADD will ask for before the plugin creates anything.
+    fn prepare_add(&mut self) -> CniResult<Prepared> {
+        Ok(Prepared::Nothing)
     }
+    /// `probe_fresh` is `probe.fresh`: whether every new address is
+    /// unproven, not only those the IPAM cannot vouch for.
+    fn add(&mut self, prepared: Prepared, probe_fresh: bool) -> CniResult<Allocation>;
+    /// Undoes `allocation` after a later step of ADD failed.
+    fn undo_add(&mut self, allocation: Allocation) -> CniResult<()>;
     fn del(&mut self) -> CniResult<()>;
     fn check(&mut self) -> CniResult<()>;
     fn status(&mut self) -> CniResult<()>;
@@ -72,17 +94,26 @@ pub fn for_section(
 }
 
 impl Ipam for StickyIpam {
-    fn prepare_add(&mut self) -> CniResult<()> {
-        StickyIpam::prepare_add(self)
+    fn prepare_add(&mut self) -> CniResult<Prepared> {
+        StickyIpam::prepare_add(self).map(|p| Prepared::Sticky(Box::new(p)))
     }
-    fn add(&mut self) -> CniResult<CniOutput> {
-        StickyIpam::add(self)
+    fn add(&mut self, prepared: Prepared, probe_fresh: bool) -> CniResult<Allocation> {
+        let prepared = match prepared {
+            Prepared::Sticky(p) => *p,
+            Prepared::Nothing => StickyIpam::prepare_add(self)?,
+        };
+        let granted = StickyIpam::add(self, prepared)?;
+        Ok(Allocation {
+            result: granted.output.clone(),
+            unproven: self.must_confirm(&granted, probe_fresh),
+            undo: Undo::Restore(Box::new(granted)),
+        })
     }
-    fn must_confirm(&self, probe_fresh: bool, _allocated: &CniOutput) -> Vec<std::net::IpAddr> {
-        StickyIpam::must_confirm(self, probe_fresh)
-    }
-    fn undo_add(&mut self) -> CniResult<()> {
-        StickyIpam::undo_add(self)
+    fn undo_add(&mut self, allocation: Allocation) -> CniResult<()> {
+        match allocation.undo {
+            Undo::Restore(granted) => StickyIpam::undo_add(self, *granted),
+            Undo::Delete => self.del(),
+        }
     }
     fn del(&mut self) -> CniResult<()> {
         StickyIpam::del(self)
@@ -197,7 +228,42 @@ fn decode_delegate_error(stdout: &[u8], context: &str, exit: Option<i32>) -> Cni
 }
 
 impl Ipam for DelegatedIpam {
-    fn add(&mut self) -> CniResult<CniOutput> {
+    /// A delegate cannot say how it chose its addresses: with
+    /// `probe.fresh` every one is unproven, else none (host-local's
+    /// contract: a range per node).
+    fn add(&mut self, _prepared: Prepared, probe_fresh: bool) -> CniResult<Allocation> {
+        let result = self.add_result()?;
+        let unproven = if probe_fresh {
+            result.ips.iter().map(|i| i.address.addr()).collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Allocation::undone_by_del(result, unproven))
+    }
+
+    fn undo_add(&mut self, _allocation: Allocation) -> CniResult<()> {
+        self.del()
+    }
+
+    fn del(&mut self) -> CniResult<()> {
+        self.exec(Command::Del).map(drop)
+    }
+
+    fn check(&mut self) -> CniResult<()> {
+        self.exec(Command::Check).map(drop)
+    }
+
+    fn status(&mut self) -> CniResult<()> {
+        self.exec(Command::Status).map(drop)
+    }
+
+    fn gc(&mut self, keep: &[(String, String)]) -> CniResult<()> {
+        self.gc_delegate(keep)
+    }
+}
+
+impl DelegatedIpam {
+    fn add_result(&mut self) -> CniResult<CniOutput> {
         let out = self.exec(Command::Add)?;
         let context = format!("ipam plugin {:?} ADD", self.plugin);
         let value: Value = serde_json::from_slice(&out).map_err(|e| {
@@ -217,19 +283,7 @@ impl Ipam for DelegatedIpam {
         Ok(result)
     }
 
-    fn del(&mut self) -> CniResult<()> {
-        self.exec(Command::Del).map(drop)
-    }
-
-    fn check(&mut self) -> CniResult<()> {
-        self.exec(Command::Check).map(drop)
-    }
-
-    fn status(&mut self) -> CniResult<()> {
-        self.exec(Command::Status).map(drop)
-    }
-
-    fn gc(&mut self, _keep: &[(String, String)]) -> CniResult<()> {
+    fn gc_delegate(&mut self, _keep: &[(String, String)]) -> CniResult<()> {
         // The delegate reads the attachments from the config itself.
         self.exec(Command::Gc).map(drop)
     }

@@ -52,19 +52,23 @@ fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Option<Value>> {
         ProbeConf::default()
     };
     let result = match env.command {
-        Command::Add => ipam.add().and_then(|out| {
-            let answer = confirm_on_wire(env, &probe, &ipam.must_confirm(probe.fresh))
-                .and_then(|()| out.to_json(conf.cni_version));
-            match answer {
-                Ok(json) => Ok(Some(json)),
-                // Nothing may stay claimed for an address the wire refused
-                // or an answer the caller never gets.
-                Err(e) => Err(match ipam.undo_add() {
-                    Ok(()) => e,
-                    Err(undo) => e.context(format!("(and undoing the claim failed: {undo})")),
-                }),
-            }
-        }),
+        Command::Add => ipam
+            .prepare_add()
+            .and_then(|prepared| ipam.add(prepared))
+            .and_then(|granted| {
+                let answer =
+                    confirm_on_wire(env, &probe, &ipam.must_confirm(&granted, probe.fresh))
+                        .and_then(|()| granted.output.to_json(conf.cni_version));
+                match answer {
+                    Ok(json) => Ok(Some(json)),
+                    // Nothing may stay claimed for an address the wire
+                    // refused or an answer the caller never gets.
+                    Err(e) => Err(match ipam.undo_add(granted) {
+                        Ok(()) => e,
+                        Err(undo) => e.context(format!("(and undoing the claim failed: {undo})")),
+                    }),
+                }
+            }),
         Command::Del => ipam.del().map(|()| None),
         Command::Check => ipam.check().map(|()| None),
         Command::Status => ipam.status().map(|()| None),
