@@ -10,10 +10,10 @@
 
 pub mod cluster;
 pub mod cni;
-pub mod kube;
 pub mod report;
 pub mod runtime;
 pub mod scenario;
+pub mod standin;
 pub mod state;
 pub mod store;
 

@@ -172,3 +172,33 @@ fn kube_calls_in_the_client() -> Vec<(String, String)> {
     }
     calls.into_iter().collect()
 }
+
+/// The README's table of error codes lists exactly the codes the plugin
+/// defines (`cni::code::TABLE`), so neither can drift from the other.
+#[test]
+fn the_readme_documents_every_error_code() {
+    let readme =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .expect("README.md");
+    let start = readme
+        .find("| code | when |")
+        .expect("the README's code table");
+    let documented: Vec<u32> = readme[start..]
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| {
+            l.trim_start_matches('|')
+                .split('|')
+                .next()?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .collect();
+    let defined: Vec<u32> = sticky_macvlan::cni::code::TABLE
+        .iter()
+        .map(|(c, _)| *c)
+        .collect();
+    assert_eq!(documented, defined, "README code table vs cni::code::TABLE");
+}

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
-use sticky_e2e::kube::StandIn;
+use sticky_e2e::standin::StandIn;
 use sticky_e2e::{configs, links_in, our_plugin, CniCall, CniReply, Pod, Topology};
 
 #[derive(Clone, Copy, PartialEq)]
@@ -726,7 +726,7 @@ fn load_a_thousand_cycles_across_three_nodes() {
     for f in &failures {
         println!("    {f}");
     }
-    sticky_e2e::kube::assert_claim_invariants(&claims);
+    sticky_e2e::standin::assert_claim_invariants(&claims);
     assert_eq!(held, 0, "claims still held after every DEL");
     assert_eq!(done, CYCLES, "not every cycle completed within the bound");
     assert!(failures.is_empty());

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sticky_e2e::kube::{assert_claim_invariants, StandIn};
+use sticky_e2e::standin::{assert_claim_invariants, StandIn};
 use sticky_e2e::{configs, our_ipam, our_plugin, CniCall, CniReply, Pod, Topology};
 
 const NS: &str = "default";

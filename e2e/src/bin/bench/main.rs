@@ -22,8 +22,8 @@
 //! The bench process enters node 1's netns, so plugins there are exec'd
 //! directly, with no `ip netns exec` in the figures.
 
+mod api;
 mod cycles;
-mod kube;
 mod node;
 mod profile;
 mod scale;
@@ -252,7 +252,7 @@ fn main() {
     }));
     // Both panic with how to build them when missing.
     let ours = sticky_e2e::our_plugin();
-    sticky_e2e::kube::standin_binary();
+    sticky_e2e::standin::standin_binary();
     let mut suite = Suite {
         ours,
         reference: reference_plugin("macvlan"),
@@ -290,7 +290,7 @@ fn main() {
     node::parallel(&mut suite, &mut topo, &api);
     // Before the scale section's 60,000 claims, which every label-selected
     // LIST of the stand-in would then scan.
-    kube::requests_and_churn(&mut suite, &mut topo, &api);
+    api::requests_and_churn(&mut suite, &mut topo, &api);
     scale::scale(&mut suite, &mut topo, &api);
     node::memory(&mut suite, &topo);
     node::probe_cost(&mut suite, &mut topo);

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 use sticky_e2e::configs::{self, OUR_TYPE, REF_TYPE};
-use sticky_e2e::kube::StandIn;
 use sticky_e2e::report::{distribution_plot, Stats, Table};
+use sticky_e2e::standin::StandIn;
 use sticky_e2e::{CniCall, Pod, Topology};
 
 use crate::{exec, ms, ratio, Suite};

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sticky_e2e::kube::StandIn;
 use sticky_e2e::report::{percentile, Table};
+use sticky_e2e::standin::StandIn;
 use sticky_e2e::{configs, CniCall, CniReply, Topology};
 
 use crate::Suite;
