@@ -22,7 +22,7 @@ use crate::pod::PodFacts;
 use crate::store::file::FileStore;
 use crate::store::ipclaim::node_offset;
 use crate::store::retry::with_retries;
-use crate::store::{ClaimStore, Plan, PlanError, PlanResult, StoreError};
+use crate::store::{api_unreachable, ClaimStore, Plan, PlanError, PlanResult, StoreError};
 use crate::system::{netns_id, node_facts};
 use crate::wire::{needs_wire_check, Origin};
 
@@ -304,7 +304,7 @@ impl StickyIpam {
         unreachable: Option<String>,
     ) -> CniResult<(Plan, Vec<Grant>)> {
         if let Some(why) = unreachable {
-            let why = format!("kubernetes API unreachable: {why}");
+            let why = api_unreachable(&why);
             return self.add_degraded(self.backend.open_local(&self.conf.network)?, req, &why);
         }
         let first = self.first_cursors();
@@ -315,7 +315,7 @@ impl StickyIpam {
             plan_add(conf, s, inspector.as_ref(), req)
         }) {
             Err(PlanError::Store(StoreError::Unreachable(why))) if self.backend.is_kube() => {
-                let why = format!("kubernetes API unreachable: {why}");
+                let why = api_unreachable(&why);
                 let local = store.into_local();
                 drop(inspector);
                 self.add_degraded(local, req, &why)
@@ -377,14 +377,15 @@ impl StickyIpam {
         release: bool,
         plan: impl FnMut(&mut dyn ClaimStore) -> PlanResult<(Plan, T)>,
     ) -> CniResult<Option<(Plan, T)>> {
-        let first = self.first_cursors();
         let network = self.conf.network.clone();
-        let mut store = self.backend.open(&network, first)?;
+        // Releases, undo and CHECK never run next-fit: no start cursors.
+        let mut store = self.backend.open(&network, vec![])?;
         store.set_durable(!release);
         match with_retries(&mut store, "release", plan) {
             Err(PlanError::Store(StoreError::Unreachable(why))) if self.backend.is_kube() => {
                 cni::log::warn(&format!(
-                    "network {network:?}: kubernetes API unreachable: {why}; the claim is left for liveness to release"
+                    "network {network:?}: {}; the claim is left for liveness to release",
+                    api_unreachable(&why)
                 ));
                 Ok(None)
             }

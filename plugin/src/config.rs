@@ -45,8 +45,9 @@ pub struct ProbeConf {
 }
 
 impl ProbeConf {
-    /// The top-level `probe` of any main plugin's config, for the
-    /// standalone sticky-ipam (the reference macvlan ignores the key).
+    /// The top-level `probe` of a main plugin's config: ours, or the
+    /// reference macvlan's for the standalone sticky-ipam (it ignores the
+    /// key).
     pub fn from_config(value: &serde_json::Value) -> CniResult<ProbeConf> {
         let Some(probe) = value.get("probe") else {
             return Ok(ProbeConf::default());
@@ -95,9 +96,6 @@ fn refuse_unknown_keys(value: &serde_json::Value) -> CniResult<()> {
         MACVLAN_KEYS,
         &[SPEC_KEYS, MULTUS_KEYS],
     )?;
-    if let Some(probe) = value.get("probe") {
-        refuse_unknown_in(probe, "probe", PROBE_KEYS, &[])?;
-    }
     if let Some(dns) = value.get("dns") {
         refuse_unknown_in(dns, "dns", DNS_KEYS, &[])?;
     }
@@ -150,7 +148,6 @@ struct RawMacvlan {
     mac: Option<String>,
     link_in_container: Option<bool>,
     bcqueuelen: Option<u32>,
-    probe: Option<RawProbe>,
     sticky_mac: Option<bool>,
     gateway_check: Option<bool>,
 }
@@ -176,7 +173,7 @@ impl NetConf {
             mac: raw.mac.filter(|m| !m.is_empty()),
             link_in_container: raw.link_in_container.unwrap_or(false),
             bc_queue_len: raw.bcqueuelen,
-            probe: ProbeConf::parse(raw.probe)?,
+            probe: ProbeConf::from_config(&value)?,
             sticky_mac: raw.sticky_mac.unwrap_or(false),
             gateway_check: raw.gateway_check.unwrap_or(false),
         })

@@ -53,14 +53,18 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
+/// How an API that did not answer is said, in errors and logs alike.
+pub fn api_unreachable(why: &str) -> String {
+    format!("kubernetes API unreachable: {why}")
+}
+
 impl From<StoreError> for CniError {
     fn from(e: StoreError) -> CniError {
         match e {
             StoreError::Conflict(m) => CniError::new(code::STORE_CONFLICT, m),
-            StoreError::Unreachable(m) => CniError::new(
-                code::STORE_UNREACHABLE,
-                format!("kubernetes API unreachable: {m}"),
-            ),
+            StoreError::Unreachable(m) => {
+                CniError::new(code::STORE_UNREACHABLE, api_unreachable(&m))
+            }
             StoreError::Refused(m) => CniError::new(code::STORE_REFUSED, m),
             StoreError::Damaged(m) => CniError::new(code::STORE_DAMAGED, m),
             StoreError::Busy(m) => CniError::new(code::TRY_AGAIN_LATER, m),

@@ -12,7 +12,7 @@ pub mod ipclaim;
 pub mod memory;
 pub mod retry;
 
-pub use error::{PlanError, PlanResult, StoreError, StoreResult};
+pub use error::{api_unreachable, PlanError, PlanResult, StoreError, StoreResult};
 
 use std::net::IpAddr;
 use std::path::PathBuf;
