@@ -10,6 +10,7 @@
 
 pub mod cluster;
 pub mod cni;
+pub mod local_cluster;
 pub mod report;
 pub mod runtime;
 pub mod scenario;

@@ -1,0 +1,338 @@
+//! The local real cluster of `scripts/cluster.sh` (kube-apiserver on etcd,
+//! the controllers, the scheduler, kubelets with containerd, Multus), as
+//! the tests see it: `kubectl` with the admin kubeconfig for everything
+//! the API says, `scripts/cluster.sh` for what happens to a machine
+//! (crash, restart, a cut management link), and the router netns for what
+//! the fabric sees. The tests assert on what kubectl reads back (pods,
+//! IPClaims, events) and on what the pods' own `ip` prints, never on the
+//! plugin's view of itself.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub struct LocalCluster {
+    root: PathBuf,
+    kubeconfig: PathBuf,
+    kubectl: PathBuf,
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(".."))
+}
+
+impl LocalCluster {
+    /// The cluster `scripts/cluster.sh up` started. Under `CI=true` a
+    /// missing cluster fails the test (the README's test command brings one
+    /// up, so its absence is a broken run); elsewhere the test is skipped
+    /// with a line saying how to run it.
+    pub fn require(test: &str) -> Option<LocalCluster> {
+        crate::require_root();
+        let root = repo_root();
+        let kubeconfig = root.join(".cluster/admin.kubeconfig");
+        let kubectl = root.join(".cluster/bin/kubectl");
+        if !kubeconfig.exists() || !kubectl.exists() {
+            let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+            assert!(
+                !ci,
+                "{test}: no local cluster (.cluster/admin.kubeconfig is missing): scripts/test.sh starts one with scripts/cluster.sh up; under CI=true this is a failure, not a skip"
+            );
+            eprintln!("{test}: skipped: no local cluster; run scripts/cluster.sh up first");
+            return None;
+        }
+        Some(LocalCluster {
+            root,
+            kubeconfig,
+            kubectl,
+        })
+    }
+
+    fn kubectl_cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.kubectl);
+        c.arg("--kubeconfig").arg(&self.kubeconfig).args(args);
+        c
+    }
+
+    /// kubectl ARGS: its stdout, or its stderr as the error.
+    pub fn try_kubectl(&self, args: &[&str]) -> Result<String, String> {
+        let out = self
+            .kubectl_cmd(args)
+            .output()
+            .map_err(|e| format!("cannot run kubectl: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        self.try_kubectl(args)
+            .unwrap_or_else(|e| panic!("kubectl {}: {e}", args.join(" ")))
+    }
+
+    /// kubectl ARGS -o json, parsed.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        let text = self.kubectl(&a);
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("kubectl {}: not JSON ({e}): {text}", args.join(" ")))
+    }
+
+    /// `kubectl apply -f -` with MANIFEST on stdin.
+    pub fn apply(&self, manifest: &str) {
+        use std::io::Write;
+        let mut child = self
+            .kubectl_cmd(&["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run kubectl apply: {e}"));
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(manifest.as_bytes())
+                .unwrap_or_else(|e| panic!("kubectl apply: cannot write the manifest: {e}"));
+        }
+        let out = child
+            .wait_with_output()
+            .unwrap_or_else(|e| panic!("kubectl apply: {e}"));
+        assert!(
+            out.status.success(),
+            "kubectl apply failed: {}\n{manifest}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A file of examples/, as the README tells a user to apply it.
+    pub fn apply_example(&self, name: &str) {
+        let path = self.root.join("examples").join(name);
+        self.kubectl(&["apply", "-f", &path.to_string_lossy()]);
+    }
+
+    pub fn example(&self, name: &str) -> String {
+        let path = self.root.join("examples").join(name);
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+    }
+
+    /// scripts/cluster.sh ARGS (crash, restart, cut, heal).
+    pub fn script(&self, args: &[&str]) {
+        crate::run(
+            Command::new("bash")
+                .arg(self.root.join("scripts/cluster.sh"))
+                .args(args),
+        );
+    }
+
+    /// Polls F every half second until it returns Some, or panics with
+    /// WHAT and the last state after LIMIT.
+    pub fn wait<T>(&self, what: &str, limit: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
+        let t0 = Instant::now();
+        loop {
+            match f() {
+                Ok(v) => return v,
+                Err(state) if t0.elapsed() >= limit => {
+                    panic!("{what}: not within {limit:?}; last seen: {state}")
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(500)),
+            }
+        }
+    }
+
+    /// The pod, or None when the API has no such pod.
+    pub fn pod(&self, ns: &str, name: &str) -> Option<Value> {
+        let text = self
+            .try_kubectl(&["-n", ns, "get", "pod", name, "-o", "json", "--ignore-not-found"])
+            .ok()?;
+        if text.trim().is_empty() {
+            return None;
+        }
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Waits until NS/NAME is Running and ready, and not on a node in
+    /// NOT_ON; returns its node.
+    pub fn wait_running(&self, ns: &str, name: &str, not_on: &[&str], limit: Duration) -> String {
+        self.wait(&format!("pod {ns}/{name} Running"), limit, || {
+            let pod = self.pod(ns, name).ok_or("no such pod")?;
+            let node = pod["spec"]["nodeName"].as_str().unwrap_or("").to_string();
+            let phase = pod["status"]["phase"].as_str().unwrap_or("");
+            let ready = pod["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            let deleting = !pod["metadata"]["deletionTimestamp"].is_null();
+            if phase == "Running" && ready && !deleting && !node.is_empty() && !not_on.contains(&node.as_str()) {
+                Ok(node)
+            } else {
+                Err(format!("{phase} on {node:?} ready={ready} deleting={deleting}"))
+            }
+        })
+    }
+
+    pub fn wait_gone(&self, ns: &str, name: &str, limit: Duration) {
+        self.wait(&format!("pod {ns}/{name} gone"), limit, || match self.pod(ns, name) {
+            None => Ok(()),
+            Some(p) => Err(format!("uid {}", p["metadata"]["uid"])),
+        })
+    }
+
+    /// `kubectl exec` in NS/POD.
+    pub fn exec(&self, ns: &str, pod: &str, cmd: &[&str]) -> Result<String, String> {
+        let mut a = vec!["-n", ns, "exec", pod, "--"];
+        a.extend_from_slice(cmd);
+        self.try_kubectl(&a)
+    }
+
+    /// The global addresses on the pod's IFNAME, as the pod's own `ip` prints them.
+    pub fn pod_addrs(&self, ns: &str, pod: &str, ifname: &str) -> BTreeSet<IpAddr> {
+        let out = self
+            .exec(ns, pod, &["ip", "-o", "addr", "show", "dev", ifname])
+            .unwrap_or_else(|e| panic!("ip addr in {ns}/{pod}: {e}"));
+        parse_ip_o_addr(&out)
+    }
+
+    /// Every IPClaim, as the API has it.
+    pub fn ipclaims(&self) -> Vec<Value> {
+        self.json(&["get", "ipclaims.sticky-macvlan.io"])["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The IPClaims of NETWORK that are Bound, as (ip, identity, holder
+    /// pod "ns/name", node).
+    pub fn bound_claims(&self, network: &str) -> Vec<BoundClaim> {
+        self.ipclaims()
+            .iter()
+            .filter(|c| c["spec"]["network"] == network && c["status"]["phase"] == "Bound")
+            .filter_map(|c| {
+                Some(BoundClaim {
+                    ip: c["spec"]["ip"].as_str()?.parse().ok()?,
+                    identity: c["spec"]["identity"].as_str().unwrap_or("").to_string(),
+                    pod: c["status"]["pod"].as_str().unwrap_or("").to_string(),
+                    pod_uid: c["status"]["holder"]["podUID"].as_str().unwrap_or("").to_string(),
+                    node: c["status"]["node"].as_str().unwrap_or("").to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// Whether the router netns on the fabric gets an answer from ADDR.
+    pub fn router_pings(&self, addr: IpAddr) -> bool {
+        Command::new("ip")
+            .args(["netns", "exec", "smc-router", "ping", "-c1", "-W1", &addr.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// A namespace for one test, deleted (with everything in it) on drop.
+    pub fn namespace(&self, prefix: &str) -> TestNamespace<'_> {
+        let name = format!("{prefix}-{}", std::process::id());
+        self.kubectl(&["create", "namespace", &name]);
+        TestNamespace { cluster: self, name }
+    }
+
+    pub fn nodes(&self) -> Vec<String> {
+        self.json(&["get", "nodes"])["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
+            .collect()
+    }
+
+    /// Events about NS/POD, oldest first, as "Reason: message".
+    pub fn pod_events(&self, ns: &str, pod: &str) -> Vec<String> {
+        let sel = format!("involvedObject.name={pod}");
+        self.json(&["-n", ns, "get", "events", "--field-selector", &sel])["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| format!("{}: {}", e["reason"].as_str().unwrap_or(""), e["message"].as_str().unwrap_or("")))
+            .collect()
+    }
+
+    /// Installs sticky-macvlan as the README tells a user to: the CRD, the
+    /// RBAC and the DaemonSet from examples/, then waits until every node's
+    /// installer has run.
+    pub fn install(&self) {
+        self.apply_example("ipclaim-crd.yaml");
+        self.apply_example("rbac.yaml");
+        self.apply_example("daemonset.yaml");
+        let nodes = self.nodes().len();
+        self.wait("the sticky-macvlan DaemonSet ready on every node", Duration::from_secs(120), || {
+            let ds = self.json(&["-n", "kube-system", "get", "daemonset", "sticky-macvlan"]);
+            let ready = ds["status"]["numberReady"].as_u64().unwrap_or(0) as usize;
+            let updated = ds["status"]["updatedNumberScheduled"].as_u64().unwrap_or(0) as usize;
+            if ready >= nodes && updated >= nodes {
+                Ok(())
+            } else {
+                Err(format!("{ready}/{nodes} ready, {updated} updated"))
+            }
+        });
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoundClaim {
+    pub ip: IpAddr,
+    pub identity: String,
+    pub pod: String,
+    pub pod_uid: String,
+    pub node: String,
+}
+
+pub struct TestNamespace<'a> {
+    cluster: &'a LocalCluster,
+    pub name: String,
+}
+
+impl Drop for TestNamespace<'_> {
+    fn drop(&mut self) {
+        // Best effort: a failed test must still leave the cluster clean for
+        // the next; the namespace's finalizer deletes its pods (and their
+        // DELs release the dynamic claims).
+        let _ = self
+            .cluster
+            .try_kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
+    }
+}
+
+/// The global addresses of `ip -o addr show` output.
+pub fn parse_ip_o_addr(out: &str) -> BTreeSet<IpAddr> {
+    out.lines()
+        .filter(|l| l.contains(" scope global"))
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            words.find(|w| *w == "inet" || *w == "inet6")?;
+            words.next()?.split('/').next()?.parse().ok()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ip_o_addr;
+
+    #[test]
+    fn reads_the_global_addresses_of_both_families() {
+        let out = "3: net1    inet 172.31.62.10/24 brd 172.31.62.255 scope global net1\\       valid_lft forever\n\
+                   3: net1    inet6 fd00:31:62::10/64 scope global \\       valid_lft forever\n\
+                   3: net1    inet6 fe80::1/64 scope link \\       valid_lft forever\n";
+        let got: Vec<String> = parse_ip_o_addr(out).iter().map(|a| a.to_string()).collect();
+        assert_eq!(got, ["172.31.62.10", "fd00:31:62::10"]);
+    }
+}

@@ -1,0 +1,618 @@
+//! The Kubernetes scenarios on the local real cluster of
+//! `scripts/cluster.sh` (kube-apiserver v1.36 on etcd 3.6, the
+//! controller-manager, the scheduler, kubelets with containerd 2.4 and
+//! runc, Multus 4.2 thin). sticky-macvlan is installed the way the README
+//! tells a user to (examples/ applied with kubectl); every assertion reads
+//! what the cluster says: the pods (their own `ip` output, by exec), the
+//! IPClaims, the events, and pings from the router netns on the fabric.
+//!
+//! One cluster serves every test, so they run one at a time
+//! (`--test-threads=1` in scripts/test.sh); each works in its own
+//! namespace, and a test that crashes or cuts a node brings it back on
+//! drop, also when it fails.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use sticky_e2e::local_cluster::{LocalCluster, TestNamespace};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn cluster(test: &str) -> Option<LocalCluster> {
+    let c = LocalCluster::require(test)?;
+    c.install();
+    Some(c)
+}
+
+/// examples/nad-sticky-statefulset.yaml (the dual-stack, cluster-wide
+/// StatefulSet network), in namespace NS.
+fn fabric_db_nad(c: &LocalCluster, ns: &str) -> String {
+    c.example("nad-sticky-statefulset.yaml")
+        .replace("namespace: db", &format!("namespace: {ns}"))
+}
+
+fn statefulset(ns: &str, name: &str, replicas: u32, network: &str) -> String {
+    format!(
+        r#"apiVersion: apps/v1
+kind: StatefulSet
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  replicas: {replicas}
+  podManagementPolicy: Parallel
+  serviceName: {name}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata:
+      labels: {{app: {name}}}
+      annotations: {{k8s.v1.cni.cncf.io/networks: {network}}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      tolerations:
+      - {{key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 10}}
+      - {{key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 10}}
+      containers:
+      - name: c
+        image: localhost/testbox:1
+        imagePullPolicy: Never
+        command: ["sleep", "100000"]
+"#
+    )
+}
+
+fn uid(c: &LocalCluster, ns: &str, pod: &str) -> String {
+    c.pod(ns, pod)
+        .and_then(|p| p["metadata"]["uid"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// Each pod's net1 addresses, read inside the pod.
+fn addresses(c: &LocalCluster, ns: &str, pods: &[String]) -> BTreeMap<String, BTreeSet<IpAddr>> {
+    pods.iter()
+        .map(|p| (p.clone(), c.pod_addrs(ns, p, "net1")))
+        .collect()
+}
+
+/// One IPv4 in 172.31.62.0/24 and one IPv6 in fd00:31:62::/64, as the
+/// fabric-db NAD's two range sets give.
+fn assert_dual_stack(pod: &str, addrs: &BTreeSet<IpAddr>) {
+    let v4: Vec<_> = addrs.iter().filter(|a| a.is_ipv4()).collect();
+    let v6: Vec<_> = addrs.iter().filter(|a| a.is_ipv6()).collect();
+    assert!(
+        v4.len() == 1 && v4[0].to_string().starts_with("172.31.62."),
+        "{pod}: net1 should have one address of 172.31.62.0/24, has {addrs:?}"
+    );
+    assert!(
+        v6.len() == 1 && v6[0].to_string().starts_with("fd00:31:62:"),
+        "{pod}: net1 should have one address of fd00:31:62::/64, has {addrs:?}"
+    );
+}
+
+/// The IPClaims agree with the pods: every address a pod has is claimed,
+/// Bound to that pod (by name and UID) on the pod's node.
+fn assert_claims_match(c: &LocalCluster, ns: &str, network: &str, seen: &BTreeMap<String, BTreeSet<IpAddr>>) {
+    let claims = c.bound_claims(network);
+    for (pod, addrs) in seen {
+        let p = c.pod(ns, pod).unwrap_or_else(|| panic!("{ns}/{pod} is gone"));
+        let node = p["spec"]["nodeName"].as_str().unwrap_or("");
+        let pod_uid = p["metadata"]["uid"].as_str().unwrap_or("");
+        for a in addrs {
+            let claim = claims
+                .iter()
+                .find(|k| k.ip == *a)
+                .unwrap_or_else(|| panic!("{ns}/{pod} has {a} but no Bound IPClaim of {network} says so: {claims:?}"));
+            assert_eq!(claim.pod, format!("{ns}/{pod}"), "claim of {a}");
+            assert_eq!(claim.pod_uid, pod_uid, "claim of {a}: holder UID");
+            assert_eq!(claim.node, node, "claim of {a}: node");
+            assert_eq!(claim.identity, format!("{ns}/{pod}"), "claim of {a}: identity");
+        }
+    }
+}
+
+fn wait_pingable(c: &LocalCluster, addrs: &BTreeSet<IpAddr>) {
+    for a in addrs {
+        c.wait(&format!("{a} answers the router's ping"), MINUTE, || {
+            if c.router_pings(*a) {
+                Ok(())
+            } else {
+                Err("no reply".into())
+            }
+        });
+    }
+}
+
+/// Sticky claims outlive their StatefulSet (that is the point); a test
+/// retires its own so the pools stay clean for the next run.
+struct ClaimsOf<'a> {
+    c: &'a LocalCluster,
+    ns: String,
+}
+
+impl Drop for ClaimsOf<'_> {
+    fn drop(&mut self) {
+        for claim in self.c.ipclaims() {
+            if claim["spec"]["namespace"] == self.ns.as_str() {
+                if let Some(name) = claim["metadata"]["name"].as_str() {
+                    let _ = self.c.try_kubectl(&["delete", "ipclaim", name, "--wait=false"]);
+                }
+            }
+        }
+    }
+}
+
+/// A node this test crashed, cut, cordoned or tainted: on drop it is
+/// brought back to a plain Ready node.
+struct NodeGuard<'a> {
+    c: &'a LocalCluster,
+    node: String,
+    crashed: bool,
+    cut: bool,
+}
+
+impl<'a> NodeGuard<'a> {
+    fn new(c: &'a LocalCluster, node: &str) -> Self {
+        NodeGuard {
+            c,
+            node: node.to_string(),
+            crashed: false,
+            cut: false,
+        }
+    }
+
+    fn crash(&mut self) {
+        self.c.script(&["crash", &self.node]);
+        self.crashed = true;
+        self.cut = false;
+    }
+
+    fn restart(&mut self) {
+        self.c.script(&["restart", &self.node]);
+        self.crashed = false;
+    }
+
+    fn cut(&mut self) {
+        self.c.script(&["cut", &self.node]);
+        self.cut = true;
+    }
+
+    fn wait_ready(&self) {
+        let node = self.node.clone();
+        self.c.wait(&format!("{node} Ready"), 3 * MINUTE, || {
+            let n = self.c.json(&["get", "node", &node]);
+            let ready = n["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            if ready {
+                Ok(())
+            } else {
+                Err("NotReady".into())
+            }
+        });
+    }
+}
+
+impl Drop for NodeGuard<'_> {
+    fn drop(&mut self) {
+        if self.cut {
+            let _ = std::process::Command::new("bash")
+                .args(["scripts/cluster.sh", "heal", &self.node])
+                .current_dir(env!("CARGO_MANIFEST_DIR").to_string() + "/..")
+                .status();
+        }
+        if self.crashed {
+            let _ = std::process::Command::new("bash")
+                .args(["scripts/cluster.sh", "restart", &self.node])
+                .current_dir(env!("CARGO_MANIFEST_DIR").to_string() + "/..")
+                .status();
+        }
+        let _ = self.c.try_kubectl(&["uncordon", &self.node]);
+        let _ = self.c.try_kubectl(&[
+            "taint",
+            "node",
+            &self.node,
+            "node.kubernetes.io/out-of-service-",
+        ]);
+        if !std::thread::panicking() {
+            self.wait_ready();
+        }
+    }
+}
+
+fn sts_pods(n: u32) -> Vec<String> {
+    (0..n).map(|i| format!("db-{i}")).collect()
+}
+
+fn setup_statefulset<'a>(c: &'a LocalCluster, prefix: &str, replicas: u32) -> (TestNamespace<'a>, ClaimsOf<'a>) {
+    let ns = c.namespace(prefix);
+    let claims = ClaimsOf {
+        c,
+        ns: ns.name.clone(),
+    };
+    c.apply(&fabric_db_nad(c, &ns.name));
+    c.apply(&statefulset(&ns.name, "db", replicas, "fabric-db"));
+    for p in sts_pods(replicas) {
+        c.wait_running(&ns.name, &p, &[], 2 * MINUTE);
+    }
+    (ns, claims)
+}
+
+#[test]
+fn statefulset_keeps_both_addresses_across_delete_scale_and_reschedule() {
+    let Some(c) = cluster("statefulset_keeps_both_addresses_across_delete_scale_and_reschedule") else {
+        return;
+    };
+    let t0 = Instant::now();
+    let (ns, _claims) = setup_statefulset(&c, "sts", 3);
+    let ns = ns.name.clone();
+    let pods = sts_pods(3);
+    let first = addresses(&c, &ns, &pods);
+    for (p, a) in &first {
+        assert_dual_stack(p, a);
+    }
+    let all: BTreeSet<IpAddr> = first.values().flatten().copied().collect();
+    assert_eq!(all.len(), 6, "six distinct addresses for three pods: {first:?}");
+    assert_claims_match(&c, &ns, "fabric-db", &first);
+    for a in first.values() {
+        wait_pingable(&c, a);
+    }
+    eprintln!("statefulset: 3 dual-stack pods Running and pingable in {:?}", t0.elapsed());
+
+    // kubectl delete pod: the StatefulSet controller recreates it.
+    let t = Instant::now();
+    let old = uid(&c, &ns, "db-1");
+    c.kubectl(&["-n", &ns, "delete", "pod", "db-1", "--timeout=60s"]);
+    c.wait("db-1 recreated", 2 * MINUTE, || {
+        let now = uid(&c, &ns, "db-1");
+        if !now.is_empty() && now != old {
+            Ok(())
+        } else {
+            Err(format!("uid {now}"))
+        }
+    });
+    c.wait_running(&ns, "db-1", &[], 2 * MINUTE);
+    assert_eq!(c.pod_addrs(&ns, "db-1", "net1"), first["db-1"], "db-1 after delete");
+    eprintln!("statefulset: db-1 deleted, recreated with its addresses in {:?}", t.elapsed());
+
+    // Scale to 1 and back to 3.
+    let t = Instant::now();
+    c.kubectl(&["-n", &ns, "scale", "statefulset", "db", "--replicas=1"]);
+    c.wait_gone(&ns, "db-1", 2 * MINUTE);
+    c.wait_gone(&ns, "db-2", 2 * MINUTE);
+    c.kubectl(&["-n", &ns, "scale", "statefulset", "db", "--replicas=3"]);
+    for p in &pods {
+        c.wait_running(&ns, p, &[], 2 * MINUTE);
+    }
+    let scaled = addresses(&c, &ns, &pods);
+    assert_eq!(scaled, first, "addresses after scaling 3 -> 1 -> 3");
+    assert_claims_match(&c, &ns, "fabric-db", &scaled);
+    eprintln!("statefulset: scaled 3 -> 1 -> 3 with the same addresses in {:?}", t.elapsed());
+
+    // Reschedule to another node: cordon db-0's node, delete db-0.
+    let t = Instant::now();
+    let from = c.wait_running(&ns, "db-0", &[], MINUTE);
+    let _guard = NodeGuard::new(&c, &from);
+    c.kubectl(&["cordon", &from]);
+    c.kubectl(&["-n", &ns, "delete", "pod", "db-0", "--timeout=60s"]);
+    let to = c.wait_running(&ns, "db-0", &[&from], 2 * MINUTE);
+    let moved = c.pod_addrs(&ns, "db-0", "net1");
+    assert_eq!(moved, first["db-0"], "db-0 moved from {from} to {to}");
+    wait_pingable(&c, &moved);
+    assert_claims_match(&c, &ns, "fabric-db", &addresses(&c, &ns, &pods));
+    eprintln!(
+        "statefulset: db-0 rescheduled {from} -> {to} with its addresses, pingable, in {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn node_crash_and_the_out_of_service_taint_move_the_pod_with_its_address() {
+    let Some(c) = cluster("node_crash_and_the_out_of_service_taint_move_the_pod_with_its_address") else {
+        return;
+    };
+    let (ns, _claims) = setup_statefulset(&c, "crash", 2);
+    let ns = ns.name.clone();
+    let node = c.wait_running(&ns, "db-0", &[], MINUTE);
+    let before = c.pod_addrs(&ns, "db-0", "net1");
+    assert_dual_stack("db-0", &before);
+    let old_uid = uid(&c, &ns, "db-0");
+    let mut guard = NodeGuard::new(&c, &node);
+
+    let t0 = Instant::now();
+    guard.crash();
+    // The runbook (README): a node that died is declared so.
+    c.kubectl(&[
+        "taint",
+        "node",
+        &node,
+        "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+    ]);
+    let to = c.wait_running(&ns, "db-0", &[&node], 3 * MINUTE);
+    let after = c.pod_addrs(&ns, "db-0", "net1");
+    assert_eq!(after, before, "db-0 after {node} crashed, recreated on {to}");
+    wait_pingable(&c, &after);
+    eprintln!(
+        "crash: {node} crashed -> db-0 Running on {to} with its addresses, pingable from the router, {:.1} s after the crash",
+        t0.elapsed().as_secs_f64()
+    );
+    let new_uid = uid(&c, &ns, "db-0");
+    assert_ne!(new_uid, old_uid);
+
+    // The crashed node comes back: its kubelet finds the old sandbox and
+    // tears it down (a late DEL for the old pod). That DEL must not free
+    // the claim the live pod holds.
+    let t = Instant::now();
+    guard.restart();
+    guard.wait_ready();
+    c.kubectl(&["taint", "node", &node, "node.kubernetes.io/out-of-service-"]);
+    let multus_log = format!(".cluster/nodes/{node}/disk/var-log/multus.log");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    c.wait("the late DEL of the old db-0 on the restarted node", 3 * MINUTE, || {
+        let log = std::fs::read_to_string(root.join(&multus_log)).unwrap_or_default();
+        let late = log.lines().any(|l| {
+            l.contains(&format!("Del: {ns}:db-0:"))
+                && l.contains(":fabric-db:net1")
+                && !l.contains(&new_uid)
+        });
+        if late {
+            Ok(())
+        } else {
+            Err(format!("no DEL of {ns}/db-0 on net1 in {multus_log} yet"))
+        }
+    });
+    // Give the DEL's effect (if it had one) time to reach the API.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(c.pod_addrs(&ns, "db-0", "net1"), before, "db-0 after the late DEL");
+    assert_claims_match(&c, &ns, "fabric-db", &addresses(&c, &ns, &["db-0".to_string()]));
+    wait_pingable(&c, &before);
+    eprintln!(
+        "crash: {node} restarted, its late DEL of the old db-0 freed nothing ({:.1} s)",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn a_takeover_is_refused_while_the_old_holder_answers_on_the_fabric() {
+    let Some(c) = cluster("a_takeover_is_refused_while_the_old_holder_answers_on_the_fabric") else {
+        return;
+    };
+    let (ns, _claims) = setup_statefulset(&c, "split", 1);
+    let ns = ns.name.clone();
+    let node = c.wait_running(&ns, "db-0", &[], MINUTE);
+    let held = c.pod_addrs(&ns, "db-0", "net1");
+    let old_uid = uid(&c, &ns, "db-0");
+    let mut guard = NodeGuard::new(&c, &node);
+
+    // Split brain: the node loses the API (its management link is cut) but
+    // keeps its fabric link, so its kubelet cannot tear the pod down and
+    // the old db-0 stays alive on the wire; then the pod object is
+    // force-deleted, so the API says the holder is gone.
+    c.kubectl(&["cordon", &node]);
+    guard.cut();
+    c.kubectl(&["-n", &ns, "delete", "pod", "db-0", "--force", "--grace-period=0"]);
+    let t0 = Instant::now();
+    let refused = c.wait("the replacement db-0 refused with our reason", 3 * MINUTE, || {
+        let p = c.pod(&ns, "db-0").ok_or("no db-0 yet")?;
+        if p["metadata"]["uid"] == old_uid.as_str() {
+            return Err("still the old pod".into());
+        }
+        let events = c.pod_events(&ns, "db-0");
+        events
+            .iter()
+            .find(|e| e.starts_with("FailedCreatePodSandBox") && e.contains("is still answered on the wire"))
+            .cloned()
+            .ok_or_else(|| format!("events: {events:?}"))
+    });
+    eprintln!("split brain: replacement refused after {:.1} s: {refused}", t0.elapsed().as_secs_f64());
+    for a in &held {
+        if a.is_ipv4() {
+            assert!(refused.contains(&a.to_string()), "the refusal names {a}: {refused}");
+        }
+    }
+    // Nothing moved: the claims still name the old holder.
+    let claims = c.bound_claims("fabric-db");
+    for a in &held {
+        let k = claims.iter().find(|k| k.ip == *a).unwrap_or_else(|| panic!("no claim of {a}"));
+        assert_eq!(k.pod_uid, old_uid, "claim of {a} while the takeover is refused");
+    }
+    let p = c.pod(&ns, "db-0").unwrap_or_default();
+    assert_ne!(p["status"]["phase"], "Running", "the replacement must not run while the old holder answers");
+
+    // Once the old node is really dead, kubelet's retry succeeds.
+    let t = Instant::now();
+    guard.crash();
+    let to = c.wait_running(&ns, "db-0", &[&node], 3 * MINUTE);
+    assert_eq!(c.pod_addrs(&ns, "db-0", "net1"), held, "db-0 on {to} after {node} died");
+    wait_pingable(&c, &held);
+    eprintln!(
+        "split brain: {node} crashed -> db-0 Running on {to} with its addresses after {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn a_verb_missing_from_the_clusterrole_is_refused_by_the_real_authorizer() {
+    let Some(c) = cluster("a_verb_missing_from_the_clusterrole_is_refused_by_the_real_authorizer") else {
+        return;
+    };
+    let ns = c.namespace("rbac");
+    let ns = ns.name.clone();
+    // The examples' ClusterRole without `create` on ipclaims, bound to a
+    // service account of its own, whose token the node's plugin uses.
+    let sa = format!("limited-{ns}");
+    c.apply(&format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: {sa}, namespace: {ns}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: {sa}}}
+rules:
+  - apiGroups: ["sticky-macvlan.io"]
+    resources: ["ipclaims"]
+    verbs: ["get", "list", "update", "delete"]
+  - apiGroups: [""]
+    resources: ["pods", "nodes"]
+    verbs: ["get"]
+  - apiGroups: ["apps"]
+    resources: ["statefulsets"]
+    verbs: ["get"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {sa}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {sa}}}
+subjects: [{{kind: ServiceAccount, name: {sa}, namespace: {ns}}}]
+"#
+    ));
+    let token = c.kubectl(&["-n", &ns, "create", "token", &sa, "--duration=1h"]);
+    // On every node, next to the installer's files: a kubeconfig with
+    // that token.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for node in c.nodes() {
+        let dir = root.join(format!(".cluster/nodes/{node}/disk/etc-cni-net.d/sticky-macvlan.d"));
+        let kc = std::fs::read_to_string(dir.join("sticky-macvlan.kubeconfig")).expect("the installer's kubeconfig");
+        let limited = kc.replace(
+            "tokenFile: /etc/cni/net.d/sticky-macvlan.d/token",
+            &format!("tokenFile: /etc/cni/net.d/sticky-macvlan.d/{sa}.token"),
+        );
+        std::fs::write(dir.join(format!("{sa}.token")), token.trim()).expect("write the token");
+        std::fs::write(dir.join(format!("{sa}.kubeconfig")), limited).expect("write the kubeconfig");
+    }
+    let nad = c
+        .example("nad-k8s-statefulset.yaml")
+        .replace("namespace: db", &format!("namespace: {ns}"))
+        .replace("name: fabric\n", "name: fabric-limited\n")
+        .replace("\"name\": \"fabric\"", "\"name\": \"fabric-limited\"")
+        .replace("sticky-macvlan.kubeconfig", &format!("{sa}.kubeconfig"));
+    c.apply(&nad);
+    c.apply(&format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: p
+  namespace: {ns}
+  annotations: {{k8s.v1.cni.cncf.io/networks: fabric-limited}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {{name: c, image: localhost/testbox:1, imagePullPolicy: Never, command: ["sleep", "100000"]}}
+"#
+    ));
+    let refused = c.wait("the ADD refused by the authorizer", 2 * MINUTE, || {
+        let events = c.pod_events(&ns, "p");
+        events
+            .iter()
+            .find(|e| e.starts_with("FailedCreatePodSandBox") && e.contains("forbidden"))
+            .cloned()
+            .ok_or_else(|| format!("events: {events:?}"))
+    });
+    eprintln!("rbac: {refused}");
+    assert!(
+        refused.contains(&format!("system:serviceaccount:{ns}:{sa}"))
+            && refused.contains("cannot create resource")
+            && refused.contains("ipclaims"),
+        "the message names the user, the verb and the resource: {refused}"
+    );
+    assert!(
+        c.bound_claims("fabric-limited").is_empty(),
+        "no claim was made without the create verb"
+    );
+    let _ = c.try_kubectl(&["delete", "clusterrolebinding", &sa]);
+    let _ = c.try_kubectl(&["delete", "clusterrole", &sa]);
+}
+
+#[test]
+fn two_hundred_deployment_pods_get_distinct_addresses_released_after_delete() {
+    let Some(c) = cluster("two_hundred_deployment_pods_get_distinct_addresses_released_after_delete") else {
+        return;
+    };
+    const PODS: usize = 200;
+    let ns = c.namespace("deploy");
+    let ns = ns.name.clone();
+    let network = "fabric-wide";
+    c.apply(&format!(
+        r#"apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {{name: {network}, namespace: {ns}}}
+spec:
+  config: |
+    {{"cniVersion": "1.0.0", "name": "{network}", "type": "sticky-macvlan", "master": "eth1",
+      "ipam": {{"type": "sticky-ipam", "subnet": "172.31.64.0/22", "gateway": "172.31.64.1",
+        "store": {{"type": "kubernetes", "kubeconfig": "/etc/cni/net.d/sticky-macvlan.d/sticky-macvlan.kubeconfig", "timeoutMs": 10000}}}}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web, namespace: {ns}}}
+spec:
+  replicas: {PODS}
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata:
+      labels: {{app: web}}
+      annotations: {{k8s.v1.cni.cncf.io/networks: {network}}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - {{name: c, image: localhost/testbox:1, imagePullPolicy: Never, command: ["sleep", "100000"]}}
+"#
+    ));
+    let t0 = Instant::now();
+    let running = c.wait(&format!("{PODS} pods Running"), 10 * MINUTE, || {
+        let pods = c.json(&["-n", &ns, "get", "pods", "-l", "app=web"]);
+        let names: Vec<String> = pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null())
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        if names.len() >= PODS {
+            Ok(names)
+        } else {
+            Err(format!("{} Running", names.len()))
+        }
+    });
+    let up = t0.elapsed();
+    let mut seen: BTreeMap<IpAddr, String> = BTreeMap::new();
+    for p in &running {
+        let addrs = c.pod_addrs(&ns, p, "net1");
+        assert_eq!(addrs.len(), 1, "{p}: one address on net1: {addrs:?}");
+        for a in addrs {
+            if let Some(other) = seen.insert(a, p.clone()) {
+                panic!("duplicate address {a}: {other} and {p}");
+            }
+        }
+    }
+    let claims = c.bound_claims(network);
+    assert_eq!(claims.len(), PODS, "one Bound IPClaim per pod");
+    for k in &claims {
+        let pod = seen
+            .get(&k.ip)
+            .unwrap_or_else(|| panic!("claim of {} names {}, which has no such address", k.ip, k.pod));
+        assert_eq!(k.pod, format!("{ns}/{pod}"), "claim of {}", k.ip);
+    }
+    let nodes: BTreeSet<String> = claims.iter().map(|k| k.node.clone()).collect();
+    eprintln!(
+        "deployment: {PODS} pods Running on {} nodes in {:.1} s, 0 duplicate addresses (pods and IPClaims agree)",
+        nodes.len(),
+        up.as_secs_f64()
+    );
+    let t = Instant::now();
+    c.kubectl(&["-n", &ns, "delete", "deployment", "web"]);
+    c.wait("every claim released after the delete", 5 * MINUTE, || {
+        let left = c
+            .ipclaims()
+            .iter()
+            .filter(|k| k["spec"]["network"] == network)
+            .count();
+        if left == 0 {
+            Ok(())
+        } else {
+            Err(format!("{left} IPClaims left"))
+        }
+    });
+    eprintln!("deployment: all {PODS} claims released {:.1} s after the delete", t.elapsed().as_secs_f64());
+}
