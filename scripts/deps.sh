@@ -16,6 +16,13 @@ command -v containerd >/dev/null || need+=(containerd)
 command -v runc >/dev/null || need+=(runc)
 command -v gcc >/dev/null || need+=(gcc libc6-dev)
 command -v nsenter >/dev/null || need+=(util-linux)
+# The local cluster (scripts/cluster.sh): its API forwarder, kube-proxy's
+# iptables, the PKI, the test image's busybox.
+command -v socat >/dev/null || need+=(socat)
+command -v iptables >/dev/null || need+=(iptables)
+command -v conntrack >/dev/null || need+=(conntrack)
+command -v openssl >/dev/null || need+=(openssl)
+[ -x /bin/busybox ] || need+=(busybox-static)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing: ${need[*]}"
     apt-get update -qq

@@ -65,6 +65,31 @@ STICKY_E2E_KUBECONFIG="$KDIR/kubeconfig" cargo test -p sticky-e2e --test kube --
 set -e
 stop_standin
 
+# The Kubernetes scenarios on a local real cluster (scripts/cluster.sh:
+# etcd, kube-apiserver, controller-manager, scheduler, three kubelets with
+# containerd and runc, Multus), its components built from the pins in
+# e2e/tools (cached in target/cluster). A cluster that does not come up
+# fails the run. The run owns the cluster: one left by an earlier run is
+# removed first, and this one is removed at the end (STICKY_KEEP_CLUSTER=1
+# keeps it for a look with `eval "$(scripts/cluster.sh env)"`).
+bash scripts/cluster.sh down >/dev/null 2>&1 || true
+stop_cluster() { [ "${STICKY_KEEP_CLUSTER:-}" = 1 ] || bash scripts/cluster.sh down || true; }
+trap 'rm -f "$LOG"; stop_standin; rm -rf "$KDIR"; stop_cluster' EXIT
+set +e
+cluster_t0=$SECONDS
+if bash scripts/cluster.sh up --nodes 3; then
+    echo "local cluster up after $((SECONDS - cluster_t0)) s (builds included)"
+    cargo test -p sticky-e2e --test real_cluster -- --test-threads=1 --nocapture 2>&1 | tee -a "$LOG"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+else
+    echo "the local cluster did not come up (logs in .cluster/logs):"
+    tail -n 20 .cluster/logs/*.log 2>/dev/null | tail -n 80
+    echo "test result: FAILED. 0 passed; 1 failed; (scripts/cluster.sh up)" | tee -a "$LOG"
+    status=1
+fi
+set -e
+stop_cluster
+
 # The benchmark suite must keep working: a smoke run of it on the debug
 # build (its figures mean nothing here; scripts/bench.sh measures).
 echo "benchmark suite, smoke run: target/debug/bench --quick"
@@ -80,5 +105,8 @@ awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?/) p +
      END { printf "total: %d passed, %d failed\n", p, f }' "$LOG"
 if ip netns list | grep -q '^smvt-'; then
     echo "leftover test namespaces:"; ip netns list | grep '^smvt-'; exit 1
+fi
+if [ "${STICKY_KEEP_CLUSTER:-}" != 1 ] && ip netns list | grep -q '^smc-'; then
+    echo "leftover cluster namespaces:"; ip netns list | grep '^smc-'; exit 1
 fi
 exit "$status"

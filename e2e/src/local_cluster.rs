@@ -175,7 +175,9 @@ impl LocalCluster {
             if phase == "Running" && ready && !deleting && !node.is_empty() && !not_on.contains(&node.as_str()) {
                 Ok(node)
             } else {
-                Err(format!("{phase} on {node:?} ready={ready} deleting={deleting}"))
+                let events = self.pod_events(ns, name);
+                let last = events.iter().rev().take(3).cloned().collect::<Vec<_>>().join(" | ");
+                Err(format!("{phase} on {node:?} ready={ready} deleting={deleting}; latest events: {last}"))
             }
         })
     }

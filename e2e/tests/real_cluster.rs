@@ -616,3 +616,129 @@ spec:
     });
     eprintln!("deployment: all {PODS} claims released {:.1} s after the delete", t.elapsed().as_secs_f64());
 }
+
+/// bird2 in the router netns, peering with the speaker's sticky address.
+struct Bird {
+    child: std::process::Child,
+    sock: std::path::PathBuf,
+    conf: std::path::PathBuf,
+    dir: std::path::PathBuf,
+}
+
+impl Bird {
+    fn start(peer: &str) -> Bird {
+        let dir = std::env::temp_dir().join(format!("smc-bird-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("bird dir");
+        let conf = dir.join("bird.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "router id 172.31.60.1;\n\
+                 protocol device {{ scan time 1; }}\n\
+                 protocol bgp speaker {{\n\
+                   local 172.31.60.1 as 64500;\n\
+                   neighbor {peer} as 64512;\n\
+                   hold time 6; keepalive time 2; connect retry time 1; connect delay time 1; error wait time 1, 2;\n\
+                   ipv4 {{ import all; export none; }};\n\
+                 }}\n"
+            ),
+        )
+        .expect("bird config");
+        let sock = dir.join("bird.ctl");
+        let log = std::fs::File::create(dir.join("bird.log")).expect("bird log");
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", "smc-router", "bird", "-f", "-c"])
+            .arg(&conf)
+            .arg("-s")
+            .arg(&sock)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start bird (Debian bird2)");
+        Bird { child, sock, conf, dir }
+    }
+
+    fn show(&self) -> String {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", "smc-router", "birdc", "-s"])
+            .arg(&self.sock)
+            .args(["show", "protocols"])
+            .output()
+            .expect("birdc");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn wait_established(&self, c: &LocalCluster) -> Duration {
+        let t = Instant::now();
+        c.wait("bird's session with the speaker Established", 3 * MINUTE, || {
+            let out = self.show();
+            if out.lines().any(|l| l.starts_with("speaker") && l.contains("Established")) {
+                Ok(())
+            } else {
+                Err(out)
+            }
+        });
+        t.elapsed()
+    }
+}
+
+impl Drop for Bird {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn a_bgp_speaker_statefulset_peers_again_after_its_node_crashes() {
+    let Some(c) = cluster("a_bgp_speaker_statefulset_peers_again_after_its_node_crashes") else {
+        return;
+    };
+    let ns = c.namespace("bgp");
+    let ns = ns.name.clone();
+    let _claims = ClaimsOf { c: &c, ns: ns.clone() };
+    // The fabric NAD with the reservation examples/gobgpd-statefulset.yaml asks for.
+    let nad = c
+        .example("nad-k8s-statefulset.yaml")
+        .replace("namespace: db", &format!("namespace: {ns}"))
+        .replace(
+            "\"gateway\": \"172.31.60.1\",",
+            "\"gateway\": \"172.31.60.1\",\n        \"reservations\": {\"bgp-speaker-a\": \"172.31.60.20\"},",
+        );
+    assert!(nad.contains("bgp-speaker-a"), "the fabric NAD still has its gateway line");
+    c.apply(&nad);
+    let bird = Bird::start("172.31.60.20");
+    let bird_conf = std::fs::read(&bird.conf).expect("bird config");
+    c.apply(&c.example("gobgpd-statefulset.yaml").replace("namespace: db", &format!("namespace: {ns}")));
+    let node = c.wait_running(&ns, "bgp-speaker-0", &[], 2 * MINUTE);
+    let addrs = c.pod_addrs(&ns, "bgp-speaker-0", "net1");
+    assert!(
+        addrs.contains(&"172.31.60.20".parse().expect("ip")),
+        "the speaker has its reserved address: {addrs:?}"
+    );
+    let first = bird.wait_established(&c);
+    eprintln!("bgp: gobgpd on {node} Established with bird {:.1} s after Running", first.as_secs_f64());
+
+    let mut guard = NodeGuard::new(&c, &node);
+    let t0 = Instant::now();
+    guard.crash();
+    c.kubectl(&[
+        "taint",
+        "node",
+        &node,
+        "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+    ]);
+    let to = c.wait_running(&ns, "bgp-speaker-0", &[&node], 3 * MINUTE);
+    assert_eq!(c.pod_addrs(&ns, "bgp-speaker-0", "net1"), addrs, "the speaker's address on {to}");
+    bird.wait_established(&c);
+    eprintln!(
+        "bgp: {node} crashed -> gobgpd on {to} Established again with the same address {:.1} s after the crash",
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        std::fs::read(&bird.conf).expect("bird config"),
+        bird_conf,
+        "the router's config is byte-identical"
+    );
+}
