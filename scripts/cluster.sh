@@ -12,6 +12,7 @@
 #   scripts/cluster.sh crash NODE       SIGKILL everything of NODE, remove its namespaces
 #   scripts/cluster.sh restart NODE     bring a crashed NODE back (disk kept, /run new)
 #   scripts/cluster.sh cut NODE | heal NODE   take its management link down / up
+#   scripts/cluster.sh control stop|start|pause|resume|restart etcd|kube-apiserver
 #   scripts/cluster.sh down             remove everything (also after a failed run)
 #   scripts/cluster.sh build            only build the components and images
 #   scripts/cluster.sh status           what runs
@@ -308,6 +309,8 @@ start() {
     [ -z "$ns" ] || enter=(nsenter "--net=/run/netns/$ns")
     setsid "${enter[@]}" bash -c "$(join_cgroup_cmd "$cg") exec \"\$@\"" "$name" "$@" \
         >>"$C/logs/$name.log" 2>&1 </dev/null &
+    mkdir -p "$C/run"
+    echo $! >"$C/run/$name.pid"
 }
 
 wait_for() { # WHAT SECONDS CMD...
@@ -318,22 +321,15 @@ wait_for() { # WHAT SECONDS CMD...
     done
 }
 
-control_plane() {
-    local p=$C/pki
-    make_cgroup /smc-cp
-    mkdir -p "$C/etcd" "$C/logs" "$C/run"
+start_etcd() {
     start etcd /smc-cp smc-cp "$BIN/etcd" --name cp --data-dir "$C/etcd" \
         --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
         --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
         --initial-cluster cp=http://127.0.0.1:2380 --unsafe-no-fsync --snapshot-count 10000
-    wait_for etcd 60 ip netns exec smc-cp bash -c 'exec 3<>/dev/tcp/127.0.0.1/2379'
-    # Static tokens for the kubelets (system:node:NAME, group system:nodes):
-    # what a bootstrap would end with, without the CSR round trip.
-    : >"$C/pki/tokens.csv"
-    local n
-    for n in $(seq 1 32); do
-        echo "$(node_token "node$n"),system:node:node$n,node$n-uid,system:nodes" >>"$C/pki/tokens.csv"
-    done
+}
+
+start_apiserver() {
+    local p=$C/pki
     start kube-apiserver /smc-cp smc-cp "$BIN/kube-apiserver" \
         --etcd-servers http://127.0.0.1:2379 --bind-address 0.0.0.0 --advertise-address "$CP_IP" \
         --secure-port 6443 --tls-cert-file "$p/apiserver.crt" --tls-private-key-file "$p/apiserver.key" \
@@ -347,6 +343,22 @@ control_plane() {
         --kubelet-preferred-address-types InternalIP \
         --default-not-ready-toleration-seconds 10 --default-unreachable-toleration-seconds 10 \
         --profiling=false
+}
+
+control_plane() {
+    local p=$C/pki
+    make_cgroup /smc-cp
+    mkdir -p "$C/etcd" "$C/logs" "$C/run"
+    start_etcd
+    wait_for etcd 60 ip netns exec smc-cp bash -c 'exec 3<>/dev/tcp/127.0.0.1/2379'
+    # Static tokens for the kubelets (system:node:NAME, group system:nodes):
+    # what a bootstrap would end with, without the CSR round trip.
+    : >"$C/pki/tokens.csv"
+    local n
+    for n in $(seq 1 32); do
+        echo "$(node_token "node$n"),system:node:node$n,node$n-uid,system:nodes" >>"$C/pki/tokens.csv"
+    done
+    start_apiserver
     # The host's way in: 127.0.0.1:$API_PORT -> unix socket -> API in smc-cp.
     start api-forward-cp /smc-cp smc-cp socat "UNIX-LISTEN:$C/run/api.sock,fork,unlink-early" "TCP:$CP_IP:6443"
     start api-forward-host /smc-cp "" socat "TCP-LISTEN:$API_PORT,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$C/run/api.sock"
@@ -633,6 +645,26 @@ cmd_restart() {
     log "$n restarted (its disk kept, /run and namespaces new)"
 }
 
+# control ACTION COMPONENT: stop (SIGKILL), start, pause (SIGSTOP: it
+# holds its connections and answers nothing), resume, restart; COMPONENT is
+# etcd or kube-apiserver.
+cmd_control() {
+    local action=${1:-} what=${2:-} pid
+    case $what in etcd | kube-apiserver) ;; *) die "usage: scripts/cluster.sh control stop|start|pause|resume|restart etcd|kube-apiserver" ;; esac
+    pid=$(cat "$C/run/$what.pid" 2>/dev/null || true)
+    case $action in
+    stop) [ -z "$pid" ] || kill -9 "$pid" 2>/dev/null || true
+        while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; do sleep 0.1; done ;;
+    start) if [ "$what" = etcd ]; then start_etcd; else start_apiserver; fi
+        if [ "$what" = etcd ]; then wait_for etcd 60 ip netns exec smc-cp bash -c 'exec 3<>/dev/tcp/127.0.0.1/2379'
+        else wait_for kube-apiserver 120 kc get --raw /readyz; fi ;;
+    pause) kill -STOP "$pid" ;;
+    resume) kill -CONT "$pid" ;;
+    restart) cmd_control stop "$what"; cmd_control start "$what" ;;
+    *) die "usage: scripts/cluster.sh control stop|start|pause|resume|restart etcd|kube-apiserver" ;;
+    esac
+}
+
 cmd_cut() { ip -n "smc-${1:?usage: cut NODE}" link set eth0 down; }
 cmd_heal() {
     ip -n "smc-${1:?usage: heal NODE}" link set eth0 up
@@ -676,6 +708,7 @@ crash) cmd_crash "${2:-}" ;;
 restart) cmd_restart "${2:-}" ;;
 cut) cmd_cut "${2:-}" ;;
 heal) cmd_heal "${2:-}" ;;
+control) cmd_control "${2:-}" "${3:-}" ;;
 status) cmd_status ;;
 exec) shift; in_node "$@" ;;
 *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;

@@ -135,7 +135,12 @@ impl LocalCluster {
 
     /// Polls F every half second until it returns Some, or panics with
     /// WHAT and the last state after LIMIT.
-    pub fn wait<T>(&self, what: &str, limit: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
+    pub fn wait<T>(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut f: impl FnMut() -> Result<T, String>,
+    ) -> T {
         let t0 = Instant::now();
         loop {
             match f() {
@@ -151,7 +156,16 @@ impl LocalCluster {
     /// The pod, or None when the API has no such pod.
     pub fn pod(&self, ns: &str, name: &str) -> Option<Value> {
         let text = self
-            .try_kubectl(&["-n", ns, "get", "pod", name, "-o", "json", "--ignore-not-found"])
+            .try_kubectl(&[
+                "-n",
+                ns,
+                "get",
+                "pod",
+                name,
+                "-o",
+                "json",
+                "--ignore-not-found",
+            ])
             .ok()?;
         if text.trim().is_empty() {
             return None;
@@ -172,20 +186,35 @@ impl LocalCluster {
                 .flatten()
                 .any(|c| c["type"] == "Ready" && c["status"] == "True");
             let deleting = !pod["metadata"]["deletionTimestamp"].is_null();
-            if phase == "Running" && ready && !deleting && !node.is_empty() && !not_on.contains(&node.as_str()) {
+            if phase == "Running"
+                && ready
+                && !deleting
+                && !node.is_empty()
+                && !not_on.contains(&node.as_str())
+            {
                 Ok(node)
             } else {
                 let events = self.pod_events(ns, name);
-                let last = events.iter().rev().take(3).cloned().collect::<Vec<_>>().join(" | ");
-                Err(format!("{phase} on {node:?} ready={ready} deleting={deleting}; latest events: {last}"))
+                let last = events
+                    .iter()
+                    .rev()
+                    .take(3)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(" | ");
+                Err(format!(
+                    "{phase} on {node:?} ready={ready} deleting={deleting}; latest events: {last}"
+                ))
             }
         })
     }
 
     pub fn wait_gone(&self, ns: &str, name: &str, limit: Duration) {
-        self.wait(&format!("pod {ns}/{name} gone"), limit, || match self.pod(ns, name) {
-            None => Ok(()),
-            Some(p) => Err(format!("uid {}", p["metadata"]["uid"])),
+        self.wait(&format!("pod {ns}/{name} gone"), limit, || {
+            match self.pod(ns, name) {
+                None => Ok(()),
+                Some(p) => Err(format!("uid {}", p["metadata"]["uid"])),
+            }
         })
     }
 
@@ -223,7 +252,10 @@ impl LocalCluster {
                     ip: c["spec"]["ip"].as_str()?.parse().ok()?,
                     identity: c["spec"]["identity"].as_str().unwrap_or("").to_string(),
                     pod: c["status"]["pod"].as_str().unwrap_or("").to_string(),
-                    pod_uid: c["status"]["holder"]["podUID"].as_str().unwrap_or("").to_string(),
+                    pod_uid: c["status"]["holder"]["podUID"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string(),
                     node: c["status"]["node"].as_str().unwrap_or("").to_string(),
                 })
             })
@@ -233,7 +265,15 @@ impl LocalCluster {
     /// Whether the router netns on the fabric gets an answer from ADDR.
     pub fn router_pings(&self, addr: IpAddr) -> bool {
         Command::new("ip")
-            .args(["netns", "exec", "smc-router", "ping", "-c1", "-W1", &addr.to_string()])
+            .args([
+                "netns",
+                "exec",
+                "smc-router",
+                "ping",
+                "-c1",
+                "-W1",
+                &addr.to_string(),
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -244,7 +284,10 @@ impl LocalCluster {
     pub fn namespace(&self, prefix: &str) -> TestNamespace<'_> {
         let name = format!("{prefix}-{}", std::process::id());
         self.kubectl(&["create", "namespace", &name]);
-        TestNamespace { cluster: self, name }
+        TestNamespace {
+            cluster: self,
+            name,
+        }
     }
 
     pub fn nodes(&self) -> Vec<String> {
@@ -263,7 +306,13 @@ impl LocalCluster {
             .as_array()
             .into_iter()
             .flatten()
-            .map(|e| format!("{}: {}", e["reason"].as_str().unwrap_or(""), e["message"].as_str().unwrap_or("")))
+            .map(|e| {
+                format!(
+                    "{}: {}",
+                    e["reason"].as_str().unwrap_or(""),
+                    e["message"].as_str().unwrap_or("")
+                )
+            })
             .collect()
     }
 
@@ -275,16 +324,20 @@ impl LocalCluster {
         self.apply_example("rbac.yaml");
         self.apply_example("daemonset.yaml");
         let nodes = self.nodes().len();
-        self.wait("the sticky-macvlan DaemonSet ready on every node", Duration::from_secs(120), || {
-            let ds = self.json(&["-n", "kube-system", "get", "daemonset", "sticky-macvlan"]);
-            let ready = ds["status"]["numberReady"].as_u64().unwrap_or(0) as usize;
-            let updated = ds["status"]["updatedNumberScheduled"].as_u64().unwrap_or(0) as usize;
-            if ready >= nodes && updated >= nodes {
-                Ok(())
-            } else {
-                Err(format!("{ready}/{nodes} ready, {updated} updated"))
-            }
-        });
+        self.wait(
+            "the sticky-macvlan DaemonSet ready on every node",
+            Duration::from_secs(120),
+            || {
+                let ds = self.json(&["-n", "kube-system", "get", "daemonset", "sticky-macvlan"]);
+                let ready = ds["status"]["numberReady"].as_u64().unwrap_or(0) as usize;
+                let updated = ds["status"]["updatedNumberScheduled"].as_u64().unwrap_or(0) as usize;
+                if ready >= nodes && updated >= nodes {
+                    Ok(())
+                } else {
+                    Err(format!("{ready}/{nodes} ready, {updated} updated"))
+                }
+            },
+        );
     }
 }
 
