@@ -47,7 +47,7 @@ stamp() { cat "$@" | sha256sum | cut -d' ' -f1; }
 # --- build ------------------------------------------------------------------
 
 # go_build NAME MODULE_DIR OUTPUTS... -- BUILD ARGS: rebuilt when the module's
-# go.mod/go.sum change or an output is missing.
+# go.mod/go.sum change or an output (a path under target/cluster) is missing.
 go_build() {
     local name=$1 dir=$2; shift 2
     local outs=()
@@ -56,7 +56,7 @@ go_build() {
     local want have ok=1
     want=$(stamp "$dir/go.mod" "$dir/go.sum" "$dir"/*.go)
     have=$(cat "$B/stamps/$name" 2>/dev/null || true)
-    for o in "${outs[@]}"; do [ -x "$BIN/$o" ] || ok=; done
+    for o in "${outs[@]}"; do [ -x "$B/$o" ] || ok=; done
     if [ -n "$ok" ] && [ "$want" = "$have" ]; then return; fi
     log "building $name (from $dir)"
     local t0=$SECONDS
@@ -128,28 +128,31 @@ build() {
     command -v go >/dev/null || die "go is missing: the cluster's components are built with Go 1.26 (see README)"
     mkdir -p "$BIN" "$B/stamps"
     local v=k8s.io/component-base/version
-    go_build kubernetes e2e/tools/kubernetes kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy -- \
+    go_build kubernetes e2e/tools/kubernetes bin/kube-apiserver bin/kube-controller-manager bin/kube-scheduler \
+        bin/kubelet bin/kubectl bin/kube-proxy -- \
         -ldflags "-s -w -X $v.gitVersion=$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=36 -X $v.gitTreeState=clean -X $v.buildDate=2026-12-03T00:00:00Z" \
         -o "$BIN/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
         k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl \
         k8s.io/kubernetes/cmd/kube-proxy
-    go_build etcd e2e/tools/etcd etcd -- -ldflags "-s -w" -o "$BIN/etcd" .
-    go_build containerd e2e/tools/containerd containerd containerd-shim-runc-v2 ctr -- \
+    go_build etcd e2e/tools/etcd bin/etcd -- -ldflags "-s -w" -o "$BIN/etcd" .
+    go_build containerd e2e/tools/containerd bin/containerd bin/containerd-shim-runc-v2 bin/ctr -- \
         -tags "no_btrfs no_devmapper no_zfs" -ldflags "-s -w" -o "$BIN/" \
         github.com/containerd/containerd/v2/cmd/containerd \
         github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
         github.com/containerd/containerd/v2/cmd/ctr
-    go_build multus e2e/tools/multus multus multus-daemon multus-shim -- -ldflags "-s -w" -o "$BIN/" \
+    go_build multus e2e/tools/multus bin/multus bin/multus-daemon bin/multus-shim -- -ldflags "-s -w" -o "$BIN/" \
         gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus \
         gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-daemon \
         gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-shim
     mkdir -p "$B/cni"
-    go_build cni-plugins e2e/tools/cni-plugins cni-bridge -- -ldflags "-s -w" -o "$B/cni/" \
+    go_build cni-plugins e2e/tools/cni-plugins cni/bridge cni/loopback cni/macvlan cni/host-local -- \
+        -ldflags "-s -w" -o "$B/cni/" \
         github.com/containernetworking/plugins/plugins/main/bridge \
         github.com/containernetworking/plugins/plugins/main/loopback \
         github.com/containernetworking/plugins/plugins/main/macvlan \
         github.com/containernetworking/plugins/plugins/ipam/host-local
-    ln -sf ../cni/bridge "$BIN/cni-bridge"
+    go_build whereabouts e2e/tools/whereabouts cni/whereabouts -- -ldflags "-s -w" -o "$B/cni/whereabouts" \
+        github.com/k8snetworkplumbingwg/whereabouts/cmd
     build_images
 }
 
@@ -232,7 +235,7 @@ topology() {
     ip -n smc-fabric link set rt0 master fabric up
     ip -n smc-router link set smc-rt0 name eth0
     ip netns exec smc-router sysctl -qw net.ipv6.conf.eth0.accept_dad=0
-    for a in 172.31.59.1/24 172.31.60.1/24 172.31.61.1/24 172.31.62.1/24 fd00:31:60::1/64 fd00:31:62::1/64; do
+    for a in 172.31.59.1/24 172.31.60.1/24 172.31.61.1/24 172.31.62.1/24 172.31.66.1/24 fd00:31:60::1/64 fd00:31:62::1/64; do
         ip -n smc-router addr add "$a" dev eth0
     done
     ip -n smc-router link set eth0 up
@@ -402,6 +405,19 @@ multus_rbac() {
     kc -n kube-system create token multus --duration 720h >"$C/pki/multus.token"
 }
 
+# Whereabouts' CRDs and RBAC from its module (the service account, binding
+# and ClusterRole that open its install manifest); its DaemonSet is not run:
+# each node gets the binary and a kubeconfig, as its installer would write.
+# Its IP reconciler (ip-control-loop) is not run either.
+whereabouts_rbac() {
+    local dir
+    dir=$(cd e2e/tools/whereabouts && go list -m -f '{{.Dir}}' github.com/k8snetworkplumbingwg/whereabouts)
+    awk '/^---/{n++} n<3' "$dir/doc/crds/daemonset-install.yaml" | kc apply -f - >/dev/null
+    kc apply -f "$dir/doc/crds/whereabouts.cni.cncf.io_ippools.yaml" \
+        -f "$dir/doc/crds/whereabouts.cni.cncf.io_overlappingrangeipreservations.yaml" >/dev/null
+    kc -n kube-system create token whereabouts --duration 720h >"$C/pki/whereabouts.token"
+}
+
 # --- nodes ------------------------------------------------------------------
 
 node_dirs() { # the node's disk: kept across crash and restart
@@ -411,7 +427,12 @@ node_dirs() { # the node's disk: kept across crash and restart
 
 node_config() {
     local n=$1 d=$C/nodes/$1/disk i=${1#node}
-    cp "$B/cni/"{bridge,host-local,loopback} "$BIN/multus" "$d/opt-cni-bin/"
+    cp "$B/cni/"{bridge,host-local,loopback,macvlan,whereabouts} "$BIN/multus" "$d/opt-cni-bin/"
+    mkdir -p "$d/etc-cni-net.d/whereabouts.d"
+    kubeconfig "$d/etc-cni-net.d/whereabouts.d/whereabouts.kubeconfig" "https://$CP_IP:6443" whereabouts \
+        "token=$(cat "$C/pki/whereabouts.token")"
+    printf '{"datastore": "kubernetes", "kubernetes": {"kubeconfig": "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"}, "log_file": "/var/log/whereabouts.log", "log_level": "debug"}\n' \
+        >"$d/etc-cni-net.d/whereabouts.d/whereabouts.conf"
     mkdir -p "$d/etc-cni-net.d/multus.d"
     kubeconfig "$d/etc-cni-net.d/multus.d/multus.kubeconfig" "https://$CP_IP:6443" multus "token=$(cat "$C/pki/multus.token")"
     # The cluster network is a directory holding one conflist: Multus
@@ -597,6 +618,7 @@ cmd_up() {
     topology
     control_plane
     multus_rbac
+    whereabouts_rbac
     local i
     for i in $(seq 1 "$nodes"); do node_up "node$i"; done
     log "waiting for $nodes Ready nodes"

@@ -1275,3 +1275,113 @@ fn the_api_down_restarted_or_without_etcd_loses_no_address() {
     assert_claims_match(&c, &ns, "fabric-db", &seen);
     eprintln!("api faults: 5 pods attached through an API server and an etcd restart, 0 duplicates, claims agree");
 }
+
+/// What Whereabouts does in a scenario: the pod's address afterwards, or
+/// that it never came up.
+fn observe(c: &LocalCluster, ns: &str, pod: &str, not_on: &[&str], limit: Duration) -> Option<(String, BTreeSet<IpAddr>)> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if let Some(p) = c.pod(ns, pod) {
+            let node = p["spec"]["nodeName"].as_str().unwrap_or("").to_string();
+            let running = p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null();
+            if running && !node.is_empty() && !not_on.contains(&node.as_str()) {
+                if let Ok(out) = c.exec(ns, pod, &["ip", "-o", "addr", "show", "dev", "net1"]) {
+                    return Some((node, sticky_e2e::local_cluster::parse_ip_o_addr(&out)));
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    None
+}
+
+fn verdict(before: &BTreeSet<IpAddr>, after: &Option<(String, BTreeSet<IpAddr>)>) -> String {
+    match after {
+        None => "stuck: the pod never came up".to_string(),
+        Some((node, a)) if a == before => format!("same address {a:?} on {node}"),
+        Some((node, a)) => format!("NEW address {a:?} on {node} (was {before:?})"),
+    }
+}
+
+/// Whereabouts v0.9.2 (the reference macvlan 1.10.0 + Whereabouts IPAM,
+/// its kubernetes datastore on the same API server) through the same
+/// StatefulSet scenarios, on the same fabric. This test records what it
+/// does; it asserts only that Whereabouts attaches fresh pods (so the
+/// comparison is not against a broken install).
+#[test]
+fn whereabouts_beside_us_through_the_same_statefulset_scenarios() {
+    let Some(c) = cluster("whereabouts_beside_us_through_the_same_statefulset_scenarios") else {
+        return;
+    };
+    let ns = c.namespace("wb");
+    let ns = ns.name.clone();
+    c.apply(&format!(
+        r#"apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {{name: wb-fabric, namespace: {ns}}}
+spec:
+  config: |
+    {{"cniVersion": "1.0.0", "name": "wb-fabric", "type": "macvlan", "master": "eth1", "mode": "bridge",
+      "ipam": {{"type": "whereabouts", "range": "172.31.66.0/24", "range_start": "172.31.66.10",
+        "range_end": "172.31.66.200", "gateway": "172.31.66.1"}}}}
+"#
+    ));
+    c.apply(&statefulset(&ns, "db", 3, "wb-fabric"));
+    let mut first = BTreeMap::new();
+    for p in sts_pods(3) {
+        let (_, a) = observe(&c, &ns, &p, &[], 2 * MINUTE)
+            .unwrap_or_else(|| panic!("whereabouts did not attach {ns}/{p}: {:?}", c.pod_events(&ns, &p)));
+        assert_eq!(a.len(), 1, "{p}: one address from whereabouts: {a:?}");
+        first.insert(p, a);
+    }
+    let mut report = vec![format!("fresh: {first:?}")];
+
+    let old = uid(&c, &ns, "db-1");
+    c.kubectl(&["-n", &ns, "delete", "pod", "db-1", "--timeout=60s"]);
+    c.wait("db-1 recreated", 2 * MINUTE, || {
+        let now = uid(&c, &ns, "db-1");
+        if !now.is_empty() && now != old { Ok(()) } else { Err(now) }
+    });
+    report.push(format!("delete pod db-1: {}", verdict(&first["db-1"], &observe(&c, &ns, "db-1", &[], 2 * MINUTE))));
+
+    let from = observe(&c, &ns, "db-0", &[], MINUTE).map(|(n, _)| n).unwrap_or_default();
+    {
+        let _guard = NodeGuard::new(&c, &from);
+        c.kubectl(&["cordon", &from]);
+        c.kubectl(&["-n", &ns, "delete", "pod", "db-0", "--timeout=60s"]);
+        report.push(format!(
+            "reschedule db-0 off {from}: {}",
+            verdict(&first["db-0"], &observe(&c, &ns, "db-0", &[&from], 2 * MINUTE))
+        ));
+    }
+
+    let (node, before) = observe(&c, &ns, "db-2", &[], MINUTE).expect("db-2 Running");
+    {
+        let mut guard = NodeGuard::new(&c, &node);
+        guard.crash();
+        c.kubectl(&["taint", "node", &node, "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"]);
+        let after = observe(&c, &ns, "db-2", &[&node], 3 * MINUTE);
+        report.push(format!("crash {node} + out-of-service taint, db-2: {}", verdict(&before, &after)));
+        if let Some((_, a)) = &after {
+            for addr in a {
+                report.push(format!("  {addr} answers the router: {}", c.router_pings(*addr)));
+            }
+        }
+    }
+    let pools = c.try_kubectl(&["-n", "kube-system", "get", "ippools.whereabouts.cni.cncf.io", "-o", "json"]).unwrap_or_default();
+    let allocations = serde_json::from_str::<serde_json::Value>(&pools)
+        .ok()
+        .and_then(|v| {
+            v["items"].as_array().map(|items| {
+                items
+                    .iter()
+                    .map(|p| p["spec"]["allocations"].as_object().map(|a| a.len()).unwrap_or(0))
+                    .sum::<usize>()
+            })
+        })
+        .unwrap_or(0);
+    report.push(format!("whereabouts allocations left for 3 live pods: {allocations}"));
+    for line in &report {
+        eprintln!("whereabouts v0.9.2: {line}");
+    }
+}
