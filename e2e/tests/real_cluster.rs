@@ -1278,12 +1278,19 @@ fn the_api_down_restarted_or_without_etcd_loses_no_address() {
 
 /// What Whereabouts does in a scenario: the pod's address afterwards, or
 /// that it never came up.
-fn observe(c: &LocalCluster, ns: &str, pod: &str, not_on: &[&str], limit: Duration) -> Option<(String, BTreeSet<IpAddr>)> {
+fn observe(
+    c: &LocalCluster,
+    ns: &str,
+    pod: &str,
+    not_on: &[&str],
+    limit: Duration,
+) -> Option<(String, BTreeSet<IpAddr>)> {
     let t0 = Instant::now();
     while t0.elapsed() < limit {
         if let Some(p) = c.pod(ns, pod) {
             let node = p["spec"]["nodeName"].as_str().unwrap_or("").to_string();
-            let running = p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null();
+            let running =
+                p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null();
             if running && !node.is_empty() && !not_on.contains(&node.as_str()) {
                 if let Ok(out) = c.exec(ns, pod, &["ip", "-o", "addr", "show", "dev", "net1"]) {
                     return Some((node, sticky_e2e::local_cluster::parse_ip_o_addr(&out)));
@@ -1329,8 +1336,12 @@ spec:
     c.apply(&statefulset(&ns, "db", 3, "wb-fabric"));
     let mut first = BTreeMap::new();
     for p in sts_pods(3) {
-        let (_, a) = observe(&c, &ns, &p, &[], 2 * MINUTE)
-            .unwrap_or_else(|| panic!("whereabouts did not attach {ns}/{p}: {:?}", c.pod_events(&ns, &p)));
+        let (_, a) = observe(&c, &ns, &p, &[], 2 * MINUTE).unwrap_or_else(|| {
+            panic!(
+                "whereabouts did not attach {ns}/{p}: {:?}",
+                c.pod_events(&ns, &p)
+            )
+        });
         assert_eq!(a.len(), 1, "{p}: one address from whereabouts: {a:?}");
         first.insert(p, a);
     }
@@ -1340,18 +1351,30 @@ spec:
     c.kubectl(&["-n", &ns, "delete", "pod", "db-1", "--timeout=60s"]);
     c.wait("db-1 recreated", 2 * MINUTE, || {
         let now = uid(&c, &ns, "db-1");
-        if !now.is_empty() && now != old { Ok(()) } else { Err(now) }
+        if !now.is_empty() && now != old {
+            Ok(())
+        } else {
+            Err(now)
+        }
     });
-    report.push(format!("delete pod db-1: {}", verdict(&first["db-1"], &observe(&c, &ns, "db-1", &[], 2 * MINUTE))));
+    report.push(format!(
+        "delete pod db-1: {}",
+        verdict(&first["db-1"], &observe(&c, &ns, "db-1", &[], 2 * MINUTE))
+    ));
 
-    let from = observe(&c, &ns, "db-0", &[], MINUTE).map(|(n, _)| n).unwrap_or_default();
+    let from = observe(&c, &ns, "db-0", &[], MINUTE)
+        .map(|(n, _)| n)
+        .unwrap_or_default();
     {
         let _guard = NodeGuard::new(&c, &from);
         c.kubectl(&["cordon", &from]);
         c.kubectl(&["-n", &ns, "delete", "pod", "db-0", "--timeout=60s"]);
         report.push(format!(
             "reschedule db-0 off {from}: {}",
-            verdict(&first["db-0"], &observe(&c, &ns, "db-0", &[&from], 2 * MINUTE))
+            verdict(
+                &first["db-0"],
+                &observe(&c, &ns, "db-0", &[&from], 2 * MINUTE)
+            )
         ));
     }
 
@@ -1359,28 +1382,89 @@ spec:
     {
         let mut guard = NodeGuard::new(&c, &node);
         guard.crash();
-        c.kubectl(&["taint", "node", &node, "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"]);
+        c.kubectl(&[
+            "taint",
+            "node",
+            &node,
+            "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+        ]);
         let after = observe(&c, &ns, "db-2", &[&node], 3 * MINUTE);
-        report.push(format!("crash {node} + out-of-service taint, db-2: {}", verdict(&before, &after)));
+        report.push(format!(
+            "crash {node} + out-of-service taint, db-2: {}",
+            verdict(&before, &after)
+        ));
         if let Some((_, a)) = &after {
             for addr in a {
-                report.push(format!("  {addr} answers the router: {}", c.router_pings(*addr)));
+                report.push(format!(
+                    "  {addr} answers the router: {}",
+                    c.router_pings(*addr)
+                ));
             }
         }
     }
-    let pools = c.try_kubectl(&["-n", "kube-system", "get", "ippools.whereabouts.cni.cncf.io", "-o", "json"]).unwrap_or_default();
+    // Split brain, as in a_takeover_is_refused_while_the_old_holder_answers_on_the_fabric.
+    let (node, before) = observe(&c, &ns, "db-1", &[], MINUTE).expect("db-1 Running");
+    {
+        let mut guard = NodeGuard::new(&c, &node);
+        c.kubectl(&["cordon", &node]);
+        guard.cut();
+        c.kubectl(&[
+            "-n",
+            &ns,
+            "delete",
+            "pod",
+            "db-1",
+            "--force",
+            "--grace-period=0",
+        ]);
+        let after = observe(&c, &ns, "db-1", &[&node], 2 * MINUTE);
+        report.push(format!(
+            "split brain ({node} cut from the API, db-1 force-deleted): {}",
+            verdict(&before, &after)
+        ));
+        // Is the old db-1 still up on the cut node with that address?
+        let script =
+            "for n in $(ip netns list | cut -d' ' -f1); do ip -n \"$n\" -o addr show; done";
+        let on_old = cluster_sh(&["exec", &node, "sh", "-c", script]);
+        for addr in &before {
+            let old_has = sticky_e2e::local_cluster::parse_ip_o_addr(&on_old).contains(addr);
+            let new_has = after.as_ref().is_some_and(|(_, a)| a.contains(addr));
+            report.push(format!(
+                "  {addr}: old pod on {node} still has it: {old_has}; the replacement has it: {new_has}{}",
+                if old_has && new_has { " -> LIVE DUPLICATE on the fabric" } else { "" }
+            ));
+        }
+        guard.crash();
+    }
+    let pools = c
+        .try_kubectl(&[
+            "-n",
+            "kube-system",
+            "get",
+            "ippools.whereabouts.cni.cncf.io",
+            "-o",
+            "json",
+        ])
+        .unwrap_or_default();
     let allocations = serde_json::from_str::<serde_json::Value>(&pools)
         .ok()
         .and_then(|v| {
             v["items"].as_array().map(|items| {
                 items
                     .iter()
-                    .map(|p| p["spec"]["allocations"].as_object().map(|a| a.len()).unwrap_or(0))
+                    .map(|p| {
+                        p["spec"]["allocations"]
+                            .as_object()
+                            .map(|a| a.len())
+                            .unwrap_or(0)
+                    })
                     .sum::<usize>()
             })
         })
         .unwrap_or(0);
-    report.push(format!("whereabouts allocations left for 3 live pods: {allocations}"));
+    report.push(format!(
+        "whereabouts allocations left for 3 live pods: {allocations}"
+    ));
     for line in &report {
         eprintln!("whereabouts v0.9.2: {line}");
     }
