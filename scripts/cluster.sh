@@ -126,6 +126,12 @@ copy_libs() {
 
 build() {
     command -v go >/dev/null || die "go is missing: the cluster's components are built with Go 1.26 (see README)"
+    local gv
+    gv=$(go env GOVERSION)
+    case $gv in
+    go1.2[6-9]* | go1.[3-9][0-9]*) ;;
+    *) die "$gv is too old to build the cluster's components (Kubernetes v1.36 needs Go 1.26): put Go 1.26 first on PATH" ;;
+    esac
     mkdir -p "$BIN" "$B/stamps"
     local v=k8s.io/component-base/version
     go_build kubernetes e2e/tools/kubernetes bin/kube-apiserver bin/kube-controller-manager bin/kube-scheduler \

@@ -42,29 +42,6 @@ cargo test --workspace -- --test-threads=2 2>&1 | tee "$LOG"
 status=${PIPESTATUS[0]}
 set -e
 
-# The real-cluster mode of the kubernetes scenarios (STICKY_E2E_KUBECONFIG),
-# exercised end to end against a stand-in on loopback playing the "real"
-# cluster: the forwarder into the node netns, the rewritten kubeconfig and
-# the cleanup of everything the run created are what this checks.
-KDIR=$(mktemp -d)
-KPID=
-stop_standin() { if [ -n "$KPID" ]; then kill "$KPID" 2>/dev/null || true; fi; }
-trap 'rm -f "$LOG"; stop_standin; rm -rf "$KDIR"' EXIT
-for _ in 1 2 3 4 5; do
-    KPORT=$((20000 + RANDOM % 40000))
-    target/debug/kube-standin --listen "127.0.0.1:$KPORT" --control "$KDIR/control.sock" 2>"$KDIR/standin.log" &
-    KPID=$!
-    sleep 0.3
-    kill -0 "$KPID" 2>/dev/null && break
-done
-printf 'apiVersion: v1\nkind: Config\nclusters:\n- name: loop\n  cluster:\n    server: http://127.0.0.1:%s\nusers:\n- name: u\n  user:\n    token: loopback-e2e-token\ncontexts:\n- name: loop\n  context:\n    cluster: loop\n    user: u\ncurrent-context: loop\n' "$KPORT" >"$KDIR/kubeconfig"
-echo "kubernetes scenarios in real-cluster mode against 127.0.0.1:$KPORT"
-set +e
-STICKY_E2E_KUBECONFIG="$KDIR/kubeconfig" cargo test -p sticky-e2e --test kube -- --test-threads=2 2>&1 | tee -a "$LOG"
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
-set -e
-stop_standin
-
 # The Kubernetes scenarios on a local real cluster (scripts/cluster.sh:
 # etcd, kube-apiserver, controller-manager, scheduler, three kubelets with
 # containerd and runc, Multus), its components built from the pins in
@@ -74,7 +51,7 @@ stop_standin
 # keeps it for a look with `eval "$(scripts/cluster.sh env)"`).
 bash scripts/cluster.sh down >/dev/null 2>&1 || true
 stop_cluster() { [ "${STICKY_KEEP_CLUSTER:-}" = 1 ] || bash scripts/cluster.sh down || true; }
-trap 'rm -f "$LOG"; stop_standin; rm -rf "$KDIR"; stop_cluster' EXIT
+trap 'rm -f "$LOG"; stop_cluster' EXIT
 set +e
 cluster_t0=$SECONDS
 if bash scripts/cluster.sh up --nodes 3; then

@@ -8,7 +8,6 @@
 //! Veths are created inside the fabric netns with their peer born in the
 //! node netns, so the host's own namespace is never touched.
 
-pub mod cluster;
 pub mod cni;
 pub mod local_cluster;
 pub mod report;

@@ -1,11 +1,10 @@
 //! The Kubernetes side of the e2e harness: the stand-in API server in its
 //! own netns behind a management bridge, and the objects kubelet and the
 //! controllers would create (nodes, pods, StatefulSets), written through
-//! its control socket. With `STICKY_E2E_KUBECONFIG` set, the same calls go
-//! to that real cluster instead (`cluster.rs`), with per-run names, and
-//! everything created is deleted again.
+//! its control socket. It stays for what a real API server cannot be made
+//! to do on purpose (ARCHITECTURE.md, "Where a fake remains"); the
+//! scenarios a real cluster can produce run in e2e/tests/real_cluster.rs.
 
-use std::cell::RefCell;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -14,26 +13,19 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::cluster::{self, RealCluster};
 use crate::{ip, target_dir, Topology};
 
 pub const API_ADDR: &str = "192.168.254.1";
 pub const API_PORT: u16 = 6443;
 
 pub struct StandIn {
-    /// The stand-in, or (real cluster) the forwarder.
     child: Option<Child>,
     pub control: PathBuf,
     /// The kubeconfig the plugins use.
     pub kubeconfig: PathBuf,
     pub netns: String,
-    /// The CNI network name the scenarios use (unique per run on a real
-    /// cluster).
+    /// The CNI network name the scenarios use.
     pub network: String,
-    real: Option<RealCluster>,
-    node_prefix: String,
-    /// Real cluster: what to delete when done.
-    created: RefCell<Vec<String>>,
     /// `ipam.store.timeoutMs` for the scenarios' plugins.
     pub request_timeout_ms: std::cell::Cell<u64>,
 }
@@ -70,16 +62,10 @@ impl Topology {
             .map(PathBuf::from)
             .unwrap_or_else(|| self.state_dir.join("standin.log"));
         let log = std::fs::File::create(log_path).expect("stand-in log file");
-        let real_config = cluster::requested();
-        let mode = if real_config.is_some() {
-            "--forward-unix"
-        } else {
-            "--control"
-        };
         let child = Command::new("ip")
             .args(["netns", "exec", &api])
             .arg(standin_binary())
-            .args(["--listen", &format!("{API_ADDR}:{API_PORT}"), mode])
+            .args(["--listen", &format!("{API_ADDR}:{API_PORT}"), "--control"])
             .arg(&control)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -87,36 +73,14 @@ impl Topology {
             .spawn()
             .expect("start kube-standin");
         let kubeconfig = self.state_dir.join("kubeconfig");
-        let run = self
-            .prefix
-            .trim_start_matches(crate::NETNS_PREFIX)
-            .to_string();
-        let mut standin = StandIn {
+        let standin = StandIn {
             child: Some(child),
             control: control.clone(),
             kubeconfig: kubeconfig.clone(),
             netns: api,
             network: "macnet".into(),
-            real: None,
-            node_prefix: String::new(),
-            created: RefCell::new(Vec::new()),
             request_timeout_ms: std::cell::Cell::new(10_000),
         };
-        if let Some(user) = real_config {
-            let (node_view, target) =
-                cluster::node_kubeconfig(&user, &format!("{API_ADDR}:{API_PORT}"));
-            std::fs::write(&kubeconfig, node_view.to_string()).expect("write kubeconfig");
-            standin.real = Some(RealCluster::connect(&user, &control, target));
-            standin.network = format!("macnet-{run}");
-            standin.node_prefix = format!("smvt-{run}-");
-            let (code, out) = standin.request(
-                "POST",
-                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                Some(&sticky_ipam::kube::crd::definition()),
-            );
-            assert!(code == 201 || code == 409, "install the IPClaim CRD: {out}");
-            return standin;
-        }
         let ca = self.state_dir.join("ca.crt");
         std::fs::write(&ca, STANDIN_CA).expect("write ca.crt");
         std::fs::write(
@@ -168,14 +132,9 @@ pub fn kubeconfig_yaml(server: &str, ca: &std::path::Path) -> String {
 }
 
 impl StandIn {
-    /// Whether the scenarios run against a real cluster.
-    pub fn is_real(&self) -> bool {
-        self.real.is_some()
-    }
-
     /// The name of test node `i` (1-based).
     pub fn node(&self, i: usize) -> String {
-        format!("{}node{i}", self.node_prefix)
+        format!("node{i}")
     }
 
     fn try_request(
@@ -184,9 +143,6 @@ impl StandIn {
         path: &str,
         body: Option<&Value>,
     ) -> std::io::Result<(u16, Value)> {
-        if let Some(real) = &self.real {
-            return Ok(real.request(method, path, body));
-        }
         let mut s = UnixStream::connect(&self.control)?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
         let body = body.map(|b| b.to_string()).unwrap_or_default();
@@ -221,11 +177,6 @@ impl StandIn {
     pub fn create(&self, collection: &str, obj: Value) -> Value {
         let (code, out) = self.request("POST", collection, Some(&obj));
         assert_eq!(code, 201, "create in {collection}: {out}");
-        if let Some(name) = out["metadata"]["name"].as_str() {
-            self.created
-                .borrow_mut()
-                .push(format!("{collection}/{name}"));
-        }
         out
     }
 
@@ -369,25 +320,17 @@ impl StandIn {
     }
 
     /// Request counts by "verb resource" from the plugins (not the
-    /// harness); Null on a real cluster.
+    /// harness).
     pub fn stats(&self) -> Value {
-        if self.is_real() {
-            return Value::Null;
-        }
         self.request("GET", "/standin/stats", None).1
     }
 
     pub fn reset_stats(&self) {
-        if !self.is_real() {
-            self.request("POST", "/standin/reset", Some(&json!({})));
-        }
+        self.request("POST", "/standin/reset", Some(&json!({})));
     }
 
-    /// Injected 409s (stand-in only; a no-op on a real cluster).
+    /// Injected 409s.
     pub fn faults(&self, conflicts: u64, conflict_every: u64) {
-        if self.is_real() {
-            return;
-        }
         self.request(
             "POST",
             "/standin/faults",
@@ -395,13 +338,11 @@ impl StandIn {
         );
     }
 
-    /// A server or transport fault (stand-in only): `{"fault": "error500" |
-    /// "slow" | "drop", "verbs": [...], "every": N, "after": bool,
-    /// "delayMs": MS}`; `{}` clears it (and the injected 409s).
+    /// A server or transport fault: `{"fault": "error500" | "slow" |
+    /// "drop", "verbs": [...], "every": N, "after": bool, "delayMs": MS}`;
+    /// `{}` clears it (and the injected 409s).
     pub fn fault_plan(&self, plan: Value) {
-        if !self.is_real() {
-            self.request("POST", "/standin/faults", Some(&plan));
-        }
+        self.request("POST", "/standin/faults", Some(&plan));
     }
 
     /// Stops the API server (the API becomes unreachable).
@@ -415,34 +356,7 @@ impl StandIn {
 
 impl Drop for StandIn {
     fn drop(&mut self) {
-        if self.is_real() {
-            // Leave the user's cluster as it was: our claims, then what
-            // we created, newest first.
-            for c in self.claims() {
-                if let Some(name) = c["metadata"]["name"].as_str() {
-                    let _ = self.request(
-                        "DELETE",
-                        &format!("/apis/sticky-macvlan.io/v1alpha1/ipclaims/{name}"),
-                        None,
-                    );
-                }
-            }
-            let created: Vec<String> = self.created.borrow().iter().rev().cloned().collect();
-            for path in created
-                .iter()
-                .filter(|p| !p.contains("customresourcedefinitions"))
-            {
-                if let (_, Value::Object(mut obj)) = self.request("GET", path, None) {
-                    if obj.get("metadata").is_some() {
-                        obj.entry("metadata").or_insert(json!({}))["finalizers"] = json!([]);
-                        let _ = self.request("PUT", path, Some(&Value::Object(obj)));
-                    }
-                }
-                let _ = self.request("DELETE", path, Some(&json!({"gracePeriodSeconds": 0})));
-            }
-        }
         self.stop();
-        self.real = None;
         let _ = std::fs::remove_file(&self.control);
     }
 }

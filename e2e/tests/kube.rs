@@ -295,7 +295,7 @@ fn two_hundred_concurrent_adds_with_injected_conflicts() {
     assert_claim_invariants(&claims);
     let stats = api.stats();
     assert!(
-        api.is_real() || stats["injected 409"].as_u64().unwrap_or(0) > 0,
+        stats["injected 409"].as_u64().unwrap_or(0) > 0,
         "no 409 was injected: {stats}"
     );
     eprintln!("200 concurrent ADDs: {elapsed:?}, requests {stats}");
@@ -764,10 +764,6 @@ fn dual_stack_statefulset_pod_moves_with_both_addresses() {
 /// leaves no link.
 #[test]
 fn missing_crd_is_named_not_retried() {
-    if std::env::var_os(sticky_e2e::cluster::ENV).is_some() {
-        eprintln!("skipped on a real cluster: it would delete the shared CRD");
-        return;
-    }
     let (mut topo, api) = cluster(1);
     let (code, out) = api.request(
         "DELETE",
@@ -932,16 +928,14 @@ fn gc_and_status_on_the_kubernetes_store() {
         .run()
     };
     status(&topo).expect_ok();
-    if !api.is_real() {
-        api.stop();
-        let down = status(&topo);
-        assert_eq!(down.code(), Some(50), "{}", down.stdout);
-        assert!(
-            down.msg().contains("kubernetes API") || down.msg().contains("unreachable"),
-            "{}",
-            down.msg()
-        );
-    }
+    api.stop();
+    let down = status(&topo);
+    assert_eq!(down.code(), Some(50), "{}", down.stdout);
+    assert!(
+        down.msg().contains("kubernetes API") || down.msg().contains("unreachable"),
+        "{}",
+        down.msg()
+    );
 }
 
 /// Split brain: the API says the old pod is gone, but its node is only

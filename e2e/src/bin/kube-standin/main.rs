@@ -10,10 +10,6 @@
 //! plugins, and on the unix socket `--control PATH` for the test harness,
 //! which also serves `/standin/stats`, `/standin/reset` and
 //! `/standin/faults`.
-//!
-//! With `--forward-unix PATH` instead of `--control`, it serves nothing
-//! itself: every connection to `--listen` is piped to that unix socket,
-//! where the harness connects it to a real cluster (e2e/src/cluster.rs).
 
 use std::sync::{Arc, Mutex};
 
@@ -152,44 +148,6 @@ fn listen_nodelay(addr: &str) -> Result<Server, Box<dyn std::error::Error + Send
     Server::from_listener(listener, None)
 }
 
-/// Pipes every TCP connection on `listen` to the unix socket `socket`.
-fn forward(listen: &str, socket: &str) -> ! {
-    let listener = match std::net::TcpListener::bind(listen) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("kube-standin: cannot listen on {listen}: {e}");
-            std::process::exit(1);
-        }
-    };
-    eprintln!("kube-standin: forwarding {listen} to {socket}");
-    for conn in listener.incoming() {
-        let Ok(tcp) = conn else { continue };
-        let socket = socket.to_string();
-        // Connect off the accept loop, so a slow peer never stalls accepting.
-        std::thread::spawn(move || {
-            let unix = match std::os::unix::net::UnixStream::connect(&socket) {
-                Ok(u) => u,
-                Err(e) => {
-                    eprintln!("kube-standin: cannot reach {socket}: {e}; dropping the connection");
-                    return;
-                }
-            };
-            let (Ok(tcp2), Ok(unix2)) = (tcp.try_clone(), unix.try_clone()) else {
-                return;
-            };
-            std::thread::spawn(move || {
-                let (mut a, mut b) = (unix2, tcp2);
-                let _ = std::io::copy(&mut a, &mut b);
-                let _ = b.shutdown(std::net::Shutdown::Write);
-            });
-            let (mut a, mut b) = (tcp, unix);
-            let _ = std::io::copy(&mut a, &mut b);
-            let _ = b.shutdown(std::net::Shutdown::Write);
-        });
-    }
-    std::process::exit(1)
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let flag = |name: &str| {
@@ -198,13 +156,8 @@ fn main() {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
-    if let (Some(listen), Some(socket)) = (flag("--listen"), flag("--forward-unix")) {
-        forward(&listen, &socket);
-    }
     let (Some(listen), Some(control)) = (flag("--listen"), flag("--control")) else {
-        eprintln!(
-            "usage: kube-standin --listen ADDR:PORT (--control SOCKET | --forward-unix SOCKET)"
-        );
+        eprintln!("usage: kube-standin --listen ADDR:PORT --control SOCKET");
         std::process::exit(2);
     };
     let _ = std::fs::remove_file(&control);
