@@ -56,7 +56,7 @@ set +e
 cluster_t0=$SECONDS
 if bash scripts/cluster.sh up --nodes 3; then
     echo "local cluster up after $((SECONDS - cluster_t0)) s (builds included)"
-    cargo test -p sticky-e2e --test real_cluster -- --test-threads=1 --nocapture 2>&1 | tee -a "$LOG"
+    STICKY_E2E_CLUSTER=1 cargo test -p sticky-e2e --test real_cluster -- --test-threads=1 --nocapture 2>&1 | tee -a "$LOG"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
 else
     echo "the local cluster did not come up (logs in .cluster/logs):"

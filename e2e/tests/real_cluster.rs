@@ -1469,3 +1469,151 @@ spec:
         eprintln!("whereabouts v0.9.2: {line}");
     }
 }
+
+/// The fault proxy in the control-plane netns, in front of the real API
+/// server; its mode file switches what the next connections get.
+struct FaultProxy {
+    child: std::process::Child,
+    mode: std::path::PathBuf,
+}
+
+impl FaultProxy {
+    const LISTEN: &'static str = "10.200.0.1:7443";
+
+    fn start() -> FaultProxy {
+        let dir = std::env::temp_dir().join(format!("smc-proxy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("proxy dir");
+        let mode = dir.join("mode");
+        std::fs::write(&mode, "pass").expect("proxy mode");
+        let bin = sticky_e2e::target_dir().join("fault-proxy");
+        let log = std::fs::File::create(dir.join("proxy.log")).expect("proxy log");
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", "smc-cp"])
+            .arg(&bin)
+            .args([
+                "--listen",
+                Self::LISTEN,
+                "--upstream",
+                "10.200.0.1:6443",
+                "--mode-file",
+            ])
+            .arg(&mode)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
+        FaultProxy { child, mode }
+    }
+
+    fn set(&self, mode: &str) {
+        std::fs::write(&self.mode, mode).expect("proxy mode");
+    }
+
+    /// How many connections the proxy served in a mode whose name starts
+    /// with KIND ("Delay", "Reset", "Drop").
+    fn served(&self, kind: &str) -> usize {
+        let log = self.mode.with_file_name("proxy.log");
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(&format!("connection in mode {kind}")))
+            .count()
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(dir) = self.mode.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+#[test]
+fn a_proxy_that_delays_resets_and_drops_api_traffic_loses_no_address() {
+    let Some(c) = cluster("a_proxy_that_delays_resets_and_drops_api_traffic_loses_no_address")
+    else {
+        return;
+    };
+    let proxy = FaultProxy::start();
+    // Every node's plugin reaches the API through the proxy: the
+    // installer's kubeconfig with the proxy as the server (same address as
+    // the API server, so TLS still verifies).
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for node in c.nodes() {
+        let dir = root.join(format!(
+            ".cluster/nodes/{node}/disk/etc-cni-net.d/sticky-macvlan.d"
+        ));
+        let kc = std::fs::read_to_string(dir.join("sticky-macvlan.kubeconfig"))
+            .expect("the installer's kubeconfig");
+        let server = kc
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("server: "))
+            .expect("a server line")
+            .to_string();
+        let proxied = kc.replace(&server, &format!("https://{}", FaultProxy::LISTEN));
+        std::fs::write(dir.join("via-proxy.kubeconfig"), proxied).expect("write the kubeconfig");
+    }
+    let ns = c.namespace("proxy");
+    let ns = ns.name.clone();
+    let _claims = ClaimsOf {
+        c: &c,
+        ns: ns.clone(),
+    };
+    c.apply(
+        &fabric_db_nad(&c, &ns)
+            .replace("sticky-macvlan.kubeconfig", "via-proxy.kubeconfig")
+            .replace("\"timeoutMs\": 10000", "\"timeoutMs\": 3000"),
+    );
+    c.apply(&statefulset(&ns, "db", 1, "fabric-db"));
+    c.wait_running(&ns, "db-0", &[], 2 * MINUTE);
+    let held = c.pod_addrs(&ns, "db-0", "net1");
+    let mut replicas = 1;
+    for mode in ["delay 1500", "reset", "drop"] {
+        let t = Instant::now();
+        proxy.set(mode);
+        replicas += 1;
+        c.kubectl(&[
+            "-n",
+            &ns,
+            "scale",
+            "statefulset",
+            "db",
+            &format!("--replicas={replicas}"),
+        ]);
+        let old = uid(&c, &ns, "db-0");
+        c.kubectl(&["-n", &ns, "delete", "pod", "db-0", "--wait=false"]);
+        // Let the ADDs (and db-0's DEL) meet the fault for a while.
+        std::thread::sleep(Duration::from_secs(12));
+        proxy.set("pass");
+        for p in sts_pods(replicas) {
+            c.wait_running(&ns, &p, &[], 3 * MINUTE);
+        }
+        assert_ne!(uid(&c, &ns, "db-0"), old, "db-0 was recreated");
+        let seen = addresses(&c, &ns, &sts_pods(replicas));
+        let all: BTreeSet<IpAddr> = seen.values().flatten().copied().collect();
+        assert_eq!(
+            all.len(),
+            2 * replicas as usize,
+            "distinct addresses after {mode}: {seen:?}"
+        );
+        for (p, a) in &seen {
+            assert_dual_stack(p, a);
+        }
+        assert_claims_match(&c, &ns, "fabric-db", &seen);
+        assert_eq!(seen["db-0"], held, "db-0 kept its addresses through {mode}");
+        let kind = match mode.split(' ').next() {
+            Some("delay") => "Delay",
+            Some("reset") => "Reset",
+            _ => "Drop",
+        };
+        let hit = proxy.served(kind);
+        assert!(hit > 0, "no plugin connection met the {mode} fault");
+        eprintln!(
+            "proxy: {mode} ({hit} connections met it): {replicas} pods attached, distinct addresses, claims agree, db-0 kept its addresses, {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+}
