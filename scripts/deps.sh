@@ -4,7 +4,6 @@
 need=()
 [ -x /usr/lib/cni/macvlan ] || need+=(containernetworking-plugins)
 command -v go >/dev/null || need+=(golang-go)
-[ -d /usr/share/gocode/src/github.com/containernetworking/cni/libcni ] || need+=(golang-github-appc-cni-dev)
 command -v ip >/dev/null || need+=(iproute2)
 [ -x /usr/bin/time ] || need+=(time)
 command -v ping >/dev/null || need+=(iputils-ping)

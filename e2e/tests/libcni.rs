@@ -1,5 +1,6 @@
-//! The plugin driven by the real libcni (Debian golang-github-appc-cni-dev)
-//! as Multus and runtimes drive it: a network list (ours, then the
+//! The plugin driven by the real libcni (v1.3.0 from its module, built by
+//! scripts/test.sh from e2e/tools/libcni-driver) as Multus and runtimes
+//! drive it: a network list (ours, then the
 //! reference tuning plugin on our prevResult), Multus-style CNI_ARGS,
 //! mac and ips capability args, the libcni result cache; then traffic.
 
@@ -16,7 +17,7 @@ fn driver() -> std::path::PathBuf {
         .unwrap_or_else(|_| target_dir().join("../libcni-driver"));
     assert!(
         p.exists(),
-        "{} is missing: scripts/test.sh builds it with Debian's golang-go",
+        "{} is missing: scripts/test.sh builds it from e2e/tools/libcni-driver",
         p.display()
     );
     p
@@ -213,4 +214,56 @@ fn libcni_dual_stack_matches_the_reference_and_sticks() {
         results[1], results[0]
     );
     assert_eq!(results[1]["routes"], results[0]["routes"]);
+}
+
+/// CNI 1.1.0 GC and STATUS through libcni 1.3 (the client runtimes use):
+/// two attachments on the file store; a GC naming only the first as valid
+/// releases the second's claim and keeps the first's; STATUS answers.
+#[test]
+fn libcni_gc_and_status_at_cni_1_1_0() {
+    let mut topo = Topology::new(1);
+    let a = topo.add_pod("gc-a");
+    let b = topo.add_pod("gc-b");
+    let store = topo.file("store");
+    let mut net = configs::sticky("uplink0", &store, json!({}));
+    net["cniVersion"] = json!("1.1.0");
+    let list = json!({"cniVersion": "1.1.0", "name": "macnet", "plugins": [net]});
+    let conflist = topo.file("gc.conflist");
+    std::fs::write(&conflist, list.to_string()).expect("write conflist");
+    for (pod, container, name) in [(&a, "ctr-a", "a"), (&b, "ctr-b", "b")] {
+        let (ok, _, stderr) = drive(
+            &topo,
+            &conflist,
+            pod,
+            container,
+            &["-pod-name", name, "add"],
+        );
+        assert!(ok, "libcni ADD {name}: {stderr}");
+    }
+    assert_eq!(
+        sticky_e2e::store::claims(&store, "macnet").len(),
+        2,
+        "two attachments, two claims"
+    );
+    let (ok, _, stderr) = drive(
+        &topo,
+        &conflist,
+        &a,
+        "ctr-a",
+        &["-valid", "ctr-a/net1", "gc"],
+    );
+    assert!(ok, "libcni GC: {stderr}");
+    let left = sticky_e2e::store::claims(&store, "macnet");
+    assert_eq!(
+        left.len(),
+        1,
+        "GC released the attachment it was not told about: {left:?}"
+    );
+    assert_eq!(
+        left[0].holder.as_ref().map(|h| h.container_id.as_str()),
+        Some("ctr-a"),
+        "the valid attachment keeps its claim"
+    );
+    let (ok, _, stderr) = drive(&topo, &conflist, &a, "ctr-a", &["status"]);
+    assert!(ok, "libcni STATUS: {stderr}");
 }

@@ -1,10 +1,13 @@
-// libcni-driver drives a CNI network list through the real libcni (Debian's
-// golang-github-appc-cni-dev), the library container runtimes and Multus
-// use, with Multus-style CNI_ARGS and capability args.
+// libcni-driver drives a CNI network list through the real libcni
+// (github.com/containernetworking/cni, pinned in go.mod), the library
+// container runtimes and Multus use, with Multus-style CNI_ARGS and
+// capability args.
 //
 // Usage: libcni-driver -conflist F -netns P -container ID -ifname N
-//        -cni-path DIRS -cache-dir D [-mac M] [-ips A,B] ACTION...
-// ACTION is add, check or del; add prints the result JSON on stdout.
+//        -cni-path DIRS -cache-dir D [-mac M] [-ips A,B]
+//        [-valid ID/IFNAME,...] ACTION...
+// ACTION is add, check, del, gc (with -valid as the valid attachments) or
+// status; add prints the result JSON on stdout.
 package main
 
 import (
@@ -16,6 +19,7 @@ import (
 	"strings"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
 )
 
 func main() {
@@ -30,6 +34,7 @@ func main() {
 	podUID := flag.String("pod-uid", "00000000-0000-0000-0000-000000000001", "K8S_POD_UID")
 	mac := flag.String("mac", "", "capability arg mac")
 	ips := flag.String("ips", "", "capability arg ips (comma separated)")
+	valid := flag.String("valid", "", "gc: the valid attachments, ID/IFNAME comma separated")
 	flag.Parse()
 
 	list, err := libcni.ConfListFromFile(*conflist)
@@ -78,6 +83,20 @@ func main() {
 		case "del":
 			if err := cni.DelNetworkList(ctx, list, rt); err != nil {
 				fail("del: %v", err)
+			}
+		case "gc":
+			args := &libcni.GCArgs{}
+			for _, a := range strings.Split(*valid, ",") {
+				if id, ifname, ok := strings.Cut(a, "/"); ok {
+					args.ValidAttachments = append(args.ValidAttachments, types.GCAttachment{ContainerID: id, IfName: ifname})
+				}
+			}
+			if err := cni.GCNetworkList(ctx, list, args); err != nil {
+				fail("gc: %v", err)
+			}
+		case "status":
+			if err := cni.GetStatusNetworkList(ctx, list); err != nil {
+				fail("status: %v", err)
 			}
 		default:
 			fail("unknown action %q", action)
