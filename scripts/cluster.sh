@@ -151,12 +151,14 @@ build() {
         gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-daemon \
         gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-shim
     mkdir -p "$B/cni"
-    go_build cni-plugins e2e/tools/cni-plugins cni/bridge cni/loopback cni/macvlan cni/host-local -- \
-        -ldflags "-s -w" -o "$B/cni/" \
+    go_build cni-plugins e2e/tools/cni-plugins cni/bridge cni/loopback cni/macvlan cni/host-local \
+        cni/static cni/tuning -- -ldflags "-s -w" -o "$B/cni/" \
         github.com/containernetworking/plugins/plugins/main/bridge \
         github.com/containernetworking/plugins/plugins/main/loopback \
         github.com/containernetworking/plugins/plugins/main/macvlan \
-        github.com/containernetworking/plugins/plugins/ipam/host-local
+        github.com/containernetworking/plugins/plugins/ipam/host-local \
+        github.com/containernetworking/plugins/plugins/ipam/static \
+        github.com/containernetworking/plugins/plugins/meta/tuning
     go_build whereabouts e2e/tools/whereabouts cni/whereabouts -- -ldflags "-s -w" -o "$B/cni/whereabouts" \
         github.com/k8snetworkplumbingwg/whereabouts/cmd
     build_images

@@ -126,7 +126,7 @@ impl CniCall {
             netns: String::new(),
             ifname: "net1".into(),
             args: String::new(),
-            cni_path: crate::REFERENCE_DIR.into(),
+            cni_path: crate::reference_dir(),
             config,
             unset: vec![],
             rss_file: None,

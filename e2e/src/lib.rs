@@ -429,21 +429,48 @@ pub fn our_plugin() -> PathBuf {
     p
 }
 
-pub const REFERENCE_DIR: &str = "/usr/lib/cni";
+/// Debian's reference plugins (containernetworking-plugins 1.1.1).
+pub const DEBIAN_REFERENCE_DIR: &str = "/usr/lib/cni";
+
+/// Where the reference plugins are: Debian's, or the directory
+/// `STICKY_REFERENCE_DIR` names (scripts/test.sh runs the conformance a
+/// second time against the 1.10.0 build in target/cluster/cni).
+pub fn reference_dir() -> String {
+    std::env::var("STICKY_REFERENCE_DIR")
+        .ok()
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| DEBIAN_REFERENCE_DIR.to_string())
+}
 
 /// CNI_PATH with our built binaries first, then the reference plugins.
 pub fn cni_path_with_ours() -> String {
-    format!("{}:{REFERENCE_DIR}", target_dir().display())
+    format!("{}:{}", target_dir().display(), reference_dir())
 }
 
 pub fn reference_plugin(name: &str) -> PathBuf {
-    let p = PathBuf::from(REFERENCE_DIR).join(name);
+    let p = PathBuf::from(reference_dir()).join(name);
     assert!(
         p.exists(),
-        "{} is missing: install the Debian package containernetworking-plugins",
+        "{} is missing: install the Debian package containernetworking-plugins (or, for STICKY_REFERENCE_DIR, run scripts/cluster.sh build)",
         p.display()
     );
     p
+}
+
+/// The CNI versions the reference macvlan speaks (its VERSION answer).
+pub fn reference_versions() -> Vec<String> {
+    let out = Command::new(reference_plugin("macvlan"))
+        .env("CNI_COMMAND", "VERSION")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("reference macvlan VERSION: {e}"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["supportedVersions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.as_str().map(str::to_string))
+        .collect()
 }
 
 /// Config builders shared by the tests and the benchmark.

@@ -7,7 +7,9 @@ package tools
 
 import (
 	_ "github.com/containernetworking/plugins/plugins/ipam/host-local"
+	_ "github.com/containernetworking/plugins/plugins/ipam/static"
 	_ "github.com/containernetworking/plugins/plugins/main/bridge"
 	_ "github.com/containernetworking/plugins/plugins/main/loopback"
 	_ "github.com/containernetworking/plugins/plugins/main/macvlan"
+	_ "github.com/containernetworking/plugins/plugins/meta/tuning"
 )
