@@ -7,7 +7,8 @@
 # component is built from the modules pinned in e2e/tools (or is Debian's
 # runc); nothing is pulled: the images are built here.
 #
-#   scripts/cluster.sh up [--nodes N]   build (cached), start, wait for Ready
+#   scripts/cluster.sh up [--nodes N] [--multus thin|thick]
+#                                       build (cached), start, wait for Ready
 #   scripts/cluster.sh env              the exports for kubectl
 #   scripts/cluster.sh crash NODE       SIGKILL everything of NODE, remove its namespaces
 #   scripts/cluster.sh restart NODE     bring a crashed NODE back (disk kept, /run new)
@@ -403,13 +404,16 @@ node_token() { echo "smc-$1-$(sha256sum "$C/pki/ca.key" | cut -c1-16)"; }
 kc() { "$BIN/kubectl" --kubeconfig "$C/admin.kubeconfig" "$@"; }
 
 # Multus' CRD (NetworkAttachmentDefinition), ClusterRole, binding and
-# service account: the documents of its own install manifest before its
-# ConfigMap and DaemonSet (the daemon is not run; each node has the thin
-# plugin as its CNI config).
+# service account: the documents of its own install manifest (thin or
+# thick) before its ConfigMap and DaemonSet; the DaemonSet is not run:
+# each node gets the thin plugin as its CNI config, or the thick one's
+# shim and daemon.
 multus_rbac() {
     local dir
     dir=$(cd e2e/tools/multus && go list -m -f '{{.Dir}}' gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
-    awk '/^---/{n++} n<5' "$dir/deployments/multus-daemonset.yml" | kc apply -f - >/dev/null
+    local manifest=multus-daemonset.yml
+    [ "$(cat "$C/multus.mode" 2>/dev/null)" != thick ] || manifest=multus-daemonset-thick.yml
+    awk '/^---/{n++} n<5' "$dir/deployments/$manifest" | kc apply -f - >/dev/null
     kc -n kube-system create token multus --duration 720h >"$C/pki/multus.token"
 }
 
@@ -455,13 +459,32 @@ node_config() {
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.$i.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]}
 EOF
-    cat >"$d/etc-cni-net.d/00-multus.conf" <<EOF
+    if [ "$(cat "$C/multus.mode" 2>/dev/null)" = thick ]; then
+        # Thick: the runtime calls multus-shim, which hands the request to
+        # multus-daemon on the node; the daemon (a process in the node's
+        # namespaces here, where Multus ships it as a DaemonSet pod) runs
+        # the delegates. The daemon's config names the cluster network.
+        # As its shipped ConfigMap does: "auto" makes the daemon write
+        # 00-multus.conflist (type multus-shim) from the primary network's
+        # config, and keep running (with a file of our own it exits at once,
+        # as nothing is left for it to wait on).
+        cp "$BIN/multus-shim" "$d/opt-cni-bin/"
+        cp "$d/etc-cni-net.d/multus.d/podnet/podnet.conflist" "$d/etc-cni-net.d/10-podnet.conflist"
+        cat >"$d/etc-cni-net.d/multus.d/daemon-config.json" <<EOF
+{"cniVersion": "1.0.0", "logLevel": "verbose", "logFile": "/var/log/multus.log",
+ "cniConfigDir": "/etc/cni/net.d", "multusAutoconfigDir": "/etc/cni/net.d", "multusConfigFile": "auto",
+ "socketDir": "/run/multus/", "confDir": "/etc/cni/net.d", "cniDir": "/var/lib/cni/multus",
+ "binDir": "/opt/cni/bin", "multusNamespace": "kube-system"}
+EOF
+    else
+        cat >"$d/etc-cni-net.d/00-multus.conf" <<EOF
 {"cniVersion": "1.0.0", "name": "multus-cni-network", "type": "multus",
  "kubeconfig": "/etc/cni/net.d/multus.d/multus.kubeconfig",
  "clusterNetwork": "/etc/cni/net.d/multus.d/podnet",
  "confDir": "/etc/cni/net.d", "cniDir": "/var/lib/cni/multus", "binDir": "/opt/cni/bin",
  "multusNamespace": "kube-system", "logFile": "/var/log/multus.log", "logLevel": "verbose"}
 EOF
+    fi
     cat >"$d/etc-kubernetes/containerd.toml" <<EOF
 version = 3
 root = "/var/lib/containerd"
@@ -580,6 +603,15 @@ start_node_daemons() {
             --local "$B/images/$img.tar" >/dev/null 2>&1 ||
             in_node "$n" "$BIN/ctr" --address /run/containerd/containerd.sock -n k8s.io images import "$B/images/$img.tar" >/dev/null
     done
+    if [ "$(cat "$C/multus.mode" 2>/dev/null)" = thick ]; then
+        # The in-cluster credentials a DaemonSet pod would have, at the
+        # paths client-go reads them from (/var/run is the node's /run).
+        in_node "$n" mkdir -p /run/secrets/kubernetes.io/serviceaccount
+        in_node "$n" cp "$C/pki/multus.token" /run/secrets/kubernetes.io/serviceaccount/token
+        in_node "$n" cp "$C/pki/ca.crt" /run/secrets/kubernetes.io/serviceaccount/ca.crt
+        start "$n-multus-daemon" "/smc-$n/system" "" "${enter[@]}" env KUBERNETES_SERVICE_HOST="$CP_IP" \
+            KUBERNETES_SERVICE_PORT=6443 "$BIN/multus-daemon" --config /etc/cni/net.d/multus.d/daemon-config.json
+    fi
     start "$n-kube-proxy" "/smc-$n/system" "" "${enter[@]}" "$BIN/kube-proxy" --config /etc/kubernetes/kube-proxy.yaml
     start "$n-kubelet" "/smc-$n/system" "" "${enter[@]}" env PATH="$BIN:$PATH" "$BIN/kubelet" \
         --config /etc/kubernetes/kubelet.yaml --kubeconfig /etc/kubernetes/kubelet.kubeconfig \
@@ -605,15 +637,17 @@ nodes_ready() {
 # --- commands ---------------------------------------------------------------
 
 cmd_up() {
-    local nodes=3
+    local nodes=3 multus=thin
     while [ $# -gt 0 ]; do
         case $1 in
         --nodes) nodes=$2; shift 2 ;;
-        *) die "up: unknown argument $1 (usage: scripts/cluster.sh up [--nodes N])" ;;
+        --multus) multus=$2; shift 2 ;;
+        *) die "up: unknown argument $1 (usage: scripts/cluster.sh up [--nodes N] [--multus thin|thick])" ;;
         esac
     done
     [ "$(id -u)" = 0 ] || die "up needs root (namespaces, cgroups, mounts)"
     [ "$nodes" -ge 1 ] && [ "$nodes" -le 32 ] || die "--nodes must be 1..32"
+    case $multus in thin | thick) ;; *) die "--multus must be thin or thick" ;; esac
     if [ -e "$C/nodes.count" ]; then
         die "a cluster is already up (.cluster/nodes.count); run scripts/cluster.sh down first"
     fi
@@ -622,6 +656,8 @@ cmd_up() {
     log "starting a cluster of $nodes nodes"
     mkdir -p "$C/logs"
     echo "$nodes" >"$C/nodes.count"
+    echo "$multus" >"$C/multus.mode"
+    save_host_sysctls
     pki
     topology
     control_plane
@@ -637,6 +673,22 @@ cmd_up() {
     done
     kc get nodes -o wide >&2
     log "up in $((SECONDS - t0)) s; run: eval \"\$(scripts/cluster.sh env)\""
+}
+
+# kubelet sets these kernel-wide (not per-netns) sysctls to its defaults
+# at start; `up` records the host's values first and `down` puts them back.
+HOST_SYSCTLS="kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom kernel.keys.root_maxkeys kernel.keys.root_maxbytes"
+
+save_host_sysctls() {
+    local k
+    [ -e "$C/host-sysctls" ] && return
+    for k in $HOST_SYSCTLS; do echo "$k=$(sysctl -n "$k")"; done >"$C/host-sysctls"
+}
+
+restore_host_sysctls() {
+    local line
+    [ -e "$C/host-sysctls" ] || return 0
+    while read -r line; do sysctl -qw "$line" || log "warning: could not restore $line"; done <"$C/host-sysctls"
 }
 
 cmd_env() {
@@ -714,6 +766,7 @@ cmd_down() {
     done
     kill_cgroup /smc-cp
     for ns in $(ip netns list | awk '/^smc-/{print $1}'); do ip netns del "$ns"; done
+    restore_host_sysctls
     rm -rf "$C"
     log "down: no cluster process, namespace or cgroup is left"
 }

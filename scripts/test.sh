@@ -73,6 +73,19 @@ else
     echo "test result: FAILED. 0 passed; 1 failed; (scripts/cluster.sh up)" | tee -a "$LOG"
     status=1
 fi
+# The StatefulSet, node-crash and BGP scenarios again with Multus' thick
+# plugin (multus-shim + multus-daemon), its default install.
+bash scripts/cluster.sh down >/dev/null 2>&1 || true
+if bash scripts/cluster.sh up --nodes 3 --multus thick; then
+    STICKY_E2E_CLUSTER=1 cargo test -p sticky-e2e --test real_cluster -- --test-threads=1 --nocapture \
+        statefulset_keeps node_crash 2>&1 | tee -a "$LOG"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+else
+    echo "the local cluster (Multus thick) did not come up (logs in .cluster/logs):"
+    tail -n 20 .cluster/logs/*.log 2>/dev/null | tail -n 80
+    echo "test result: FAILED. 0 passed; 1 failed; (scripts/cluster.sh up --multus thick)" | tee -a "$LOG"
+    status=1
+fi
 set -e
 stop_cluster
 

@@ -335,6 +335,13 @@ impl LocalCluster {
             .collect()
     }
 
+    /// "thin" or "thick": how the cluster runs Multus (`up --multus`).
+    pub fn multus_mode(&self) -> String {
+        std::fs::read_to_string(self.root.join(".cluster/multus.mode"))
+            .map(|m| m.trim().to_string())
+            .unwrap_or_else(|_| "thin".into())
+    }
+
     /// Installs sticky-macvlan as the README tells a user to: the CRD, the
     /// RBAC and the DaemonSet from examples/, then waits until every node's
     /// installer has run.

@@ -21,6 +21,7 @@ const MINUTE: Duration = Duration::from_secs(60);
 
 fn cluster(test: &str) -> Option<LocalCluster> {
     let c = LocalCluster::require(test)?;
+    eprintln!("{test}: on the local cluster, Multus {}", c.multus_mode());
     c.install();
     Some(c)
 }
