@@ -58,34 +58,30 @@ set -e
 # fails the run. The run owns the cluster: one left by an earlier run is
 # removed first, and this one is removed at the end (STICKY_KEEP_CLUSTER=1
 # keeps it for a look with `eval "$(scripts/cluster.sh env)"`).
-bash scripts/cluster.sh down >/dev/null 2>&1 || true
 stop_cluster() { [ "${STICKY_KEEP_CLUSTER:-}" = 1 ] || bash scripts/cluster.sh down || true; }
 trap 'rm -f "$LOG"; stop_cluster' EXIT
+# cluster_pass MULTUS [TEST FILTER...]: a fresh cluster with Multus thin or
+# thick, then the cluster scenarios (those matching the filters, or all).
+cluster_pass() {
+    local multus=$1 t0=$SECONDS
+    shift
+    bash scripts/cluster.sh down >/dev/null 2>&1 || true
+    if bash scripts/cluster.sh up --nodes 3 --multus "$multus"; then
+        echo "local cluster (Multus $multus) up after $((SECONDS - t0)) s (builds included)"
+        STICKY_E2E_CLUSTER=1 cargo test -p sticky-e2e --test real_cluster -- --test-threads=1 --nocapture "$@" 2>&1 | tee -a "$LOG"
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    else
+        echo "the local cluster (Multus $multus) did not come up (logs in .cluster/logs):"
+        tail -n 20 .cluster/logs/*.log 2>/dev/null | tail -n 80
+        echo "test result: FAILED. 0 passed; 1 failed; (scripts/cluster.sh up --multus $multus)" | tee -a "$LOG"
+        status=1
+    fi
+}
 set +e
-cluster_t0=$SECONDS
-if bash scripts/cluster.sh up --nodes 3; then
-    echo "local cluster up after $((SECONDS - cluster_t0)) s (builds included)"
-    STICKY_E2E_CLUSTER=1 cargo test -p sticky-e2e --test real_cluster -- --test-threads=1 --nocapture 2>&1 | tee -a "$LOG"
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
-else
-    echo "the local cluster did not come up (logs in .cluster/logs):"
-    tail -n 20 .cluster/logs/*.log 2>/dev/null | tail -n 80
-    echo "test result: FAILED. 0 passed; 1 failed; (scripts/cluster.sh up)" | tee -a "$LOG"
-    status=1
-fi
+cluster_pass thin
 # The StatefulSet, node-crash and BGP scenarios again with Multus' thick
 # plugin (multus-shim + multus-daemon), its default install.
-bash scripts/cluster.sh down >/dev/null 2>&1 || true
-if bash scripts/cluster.sh up --nodes 3 --multus thick; then
-    STICKY_E2E_CLUSTER=1 cargo test -p sticky-e2e --test real_cluster -- --test-threads=1 --nocapture \
-        statefulset_keeps node_crash 2>&1 | tee -a "$LOG"
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
-else
-    echo "the local cluster (Multus thick) did not come up (logs in .cluster/logs):"
-    tail -n 20 .cluster/logs/*.log 2>/dev/null | tail -n 80
-    echo "test result: FAILED. 0 passed; 1 failed; (scripts/cluster.sh up --multus thick)" | tee -a "$LOG"
-    status=1
-fi
+cluster_pass thick statefulset_keeps node_crash
 set -e
 stop_cluster
 

@@ -144,12 +144,45 @@ impl LocalCluster {
     }
 
     /// scripts/cluster.sh ARGS (crash, restart, cut, heal).
-    pub fn script(&self, args: &[&str]) {
-        crate::run(
+    /// scripts/cluster.sh ARGS (crash, restart, cut, control, exec): its
+    /// stdout; panics when it fails.
+    pub fn script(&self, args: &[&str]) -> String {
+        let out = crate::run(
             Command::new("bash")
                 .arg(self.root.join("scripts/cluster.sh"))
                 .args(args),
         );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The same for cleanup on drop: a failure is reported, not raised.
+    pub fn script_best_effort(&self, args: &[&str]) {
+        let status = Command::new("bash")
+            .arg(self.root.join("scripts/cluster.sh"))
+            .args(args)
+            .status();
+        if !status.is_ok_and(|s| s.success()) {
+            eprintln!("cleanup: scripts/cluster.sh {} failed", args.join(" "));
+        }
+    }
+
+    /// NODE's disk (`.cluster/nodes/NODE/disk`), which its mount namespace
+    /// binds over /etc/cni/net.d (`etc-cni-net.d`), /var/log (`var-log`),
+    /// /var/lib/cni (`var-lib-cni`) and the rest.
+    pub fn node_disk(&self, node: &str) -> PathBuf {
+        self.root.join(".cluster/nodes").join(node).join("disk")
+    }
+
+    /// On every node, `NAME` next to the installer's kubeconfig in
+    /// /etc/cni/net.d/sticky-macvlan.d: that kubeconfig passed through EDIT.
+    pub fn write_node_kubeconfigs(&self, name: &str, edit: impl Fn(&str) -> String) {
+        for node in self.nodes() {
+            let dir = self.node_disk(&node).join("etc-cni-net.d/sticky-macvlan.d");
+            let kc = std::fs::read_to_string(dir.join("sticky-macvlan.kubeconfig"))
+                .unwrap_or_else(|e| panic!("{node}: the installer's kubeconfig: {e}"));
+            std::fs::write(dir.join(name), edit(&kc))
+                .unwrap_or_else(|e| panic!("{node}: write {name}: {e}"));
+        }
     }
 
     /// Polls F every half second until it returns Some, or panics with

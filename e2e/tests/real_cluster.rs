@@ -61,6 +61,43 @@ spec:
     )
 }
 
+/// A dynamic (kubernetes store) NAD NETWORK on SUBNET and a Deployment
+/// "web" of REPLICAS pods on it, in namespace NS.
+fn dynamic_deployment(
+    ns: &str,
+    network: &str,
+    subnet: &str,
+    gateway: &str,
+    replicas: usize,
+) -> String {
+    format!(
+        r#"apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {{name: {network}, namespace: {ns}}}
+spec:
+  config: |
+    {{"cniVersion": "1.0.0", "name": "{network}", "type": "sticky-macvlan", "master": "eth1",
+      "ipam": {{"type": "sticky-ipam", "subnet": "{subnet}", "gateway": "{gateway}",
+        "store": {{"type": "kubernetes", "kubeconfig": "/etc/cni/net.d/sticky-macvlan.d/sticky-macvlan.kubeconfig", "timeoutMs": 10000}}}}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web, namespace: {ns}}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata:
+      labels: {{app: web}}
+      annotations: {{k8s.v1.cni.cncf.io/networks: {network}}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - {{name: c, image: localhost/testbox:1, imagePullPolicy: Never, command: ["sleep", "100000"]}}
+"#
+    )
+}
+
 fn uid(c: &LocalCluster, ns: &str, pod: &str) -> String {
     c.pod(ns, pod)
         .and_then(|p| p["metadata"]["uid"].as_str().map(str::to_string))
@@ -211,16 +248,10 @@ impl<'a> NodeGuard<'a> {
 impl Drop for NodeGuard<'_> {
     fn drop(&mut self) {
         if self.cut {
-            let _ = std::process::Command::new("bash")
-                .args(["scripts/cluster.sh", "heal", &self.node])
-                .current_dir(env!("CARGO_MANIFEST_DIR").to_string() + "/..")
-                .status();
+            self.c.script_best_effort(&["heal", &self.node]);
         }
         if self.crashed {
-            let _ = std::process::Command::new("bash")
-                .args(["scripts/cluster.sh", "restart", &self.node])
-                .current_dir(env!("CARGO_MANIFEST_DIR").to_string() + "/..")
-                .status();
+            self.c.script_best_effort(&["restart", &self.node]);
         }
         let _ = self.c.try_kubectl(&["uncordon", &self.node]);
         let _ = self.c.try_kubectl(&[
@@ -387,13 +418,12 @@ fn node_crash_and_the_out_of_service_taint_move_the_pod_with_its_address() {
     guard.restart();
     guard.wait_ready();
     c.kubectl(&["taint", "node", &node, "node.kubernetes.io/out-of-service-"]);
-    let multus_log = format!(".cluster/nodes/{node}/disk/var-log/multus.log");
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let multus_log = c.node_disk(&node).join("var-log/multus.log");
     c.wait(
         "the late DEL of the old db-0 on the restarted node",
         3 * MINUTE,
         || {
-            let log = std::fs::read_to_string(root.join(&multus_log)).unwrap_or_default();
+            let log = std::fs::read_to_string(&multus_log).unwrap_or_default();
             let late = log.lines().any(|l| {
                 l.contains(&format!("Del: {ns}:db-0:"))
                     && l.contains(":fabric-db:net1")
@@ -402,7 +432,10 @@ fn node_crash_and_the_out_of_service_taint_move_the_pod_with_its_address() {
             if late {
                 Ok(())
             } else {
-                Err(format!("no DEL of {ns}/db-0 on net1 in {multus_log} yet"))
+                Err(format!(
+                    "no DEL of {ns}/db-0 on net1 in {} yet",
+                    multus_log.display()
+                ))
             }
         },
     );
@@ -560,21 +593,13 @@ subjects: [{{kind: ServiceAccount, name: {sa}, namespace: {ns}}}]
     let token = c.kubectl(&["-n", &ns, "create", "token", &sa, "--duration=1h"]);
     // On every node, next to the installer's files: a kubeconfig with
     // that token.
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for node in c.nodes() {
-        let dir = root.join(format!(
-            ".cluster/nodes/{node}/disk/etc-cni-net.d/sticky-macvlan.d"
-        ));
-        let kc = std::fs::read_to_string(dir.join("sticky-macvlan.kubeconfig"))
-            .expect("the installer's kubeconfig");
-        let limited = kc.replace(
+    c.write_node_kubeconfigs(&format!("{sa}.token"), |_| token.trim().to_string());
+    c.write_node_kubeconfigs(&format!("{sa}.kubeconfig"), |kc| {
+        kc.replace(
             "tokenFile: /etc/cni/net.d/sticky-macvlan.d/token",
             &format!("tokenFile: /etc/cni/net.d/sticky-macvlan.d/{sa}.token"),
-        );
-        std::fs::write(dir.join(format!("{sa}.token")), token.trim()).expect("write the token");
-        std::fs::write(dir.join(format!("{sa}.kubeconfig")), limited)
-            .expect("write the kubeconfig");
-    }
+        )
+    });
     let nad = c
         .example("nad-k8s-statefulset.yaml")
         .replace("namespace: db", &format!("namespace: {ns}"))
@@ -629,43 +654,18 @@ fn two_hundred_deployment_pods_get_distinct_addresses_released_after_delete() {
     let ns = c.namespace("deploy");
     let ns = ns.name.clone();
     let network = "fabric-wide";
-    c.apply(&format!(
-        r#"apiVersion: k8s.cni.cncf.io/v1
-kind: NetworkAttachmentDefinition
-metadata: {{name: {network}, namespace: {ns}}}
-spec:
-  config: |
-    {{"cniVersion": "1.0.0", "name": "{network}", "type": "sticky-macvlan", "master": "eth1",
-      "ipam": {{"type": "sticky-ipam", "subnet": "172.31.64.0/22", "gateway": "172.31.64.1",
-        "store": {{"type": "kubernetes", "kubeconfig": "/etc/cni/net.d/sticky-macvlan.d/sticky-macvlan.kubeconfig", "timeoutMs": 10000}}}}}}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: web, namespace: {ns}}}
-spec:
-  replicas: {PODS}
-  selector: {{matchLabels: {{app: web}}}}
-  template:
-    metadata:
-      labels: {{app: web}}
-      annotations: {{k8s.v1.cni.cncf.io/networks: {network}}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      containers:
-      - {{name: c, image: localhost/testbox:1, imagePullPolicy: Never, command: ["sleep", "100000"]}}
-"#
+    c.apply(&dynamic_deployment(
+        &ns,
+        network,
+        "172.31.64.0/22",
+        "172.31.64.1",
+        PODS,
     ));
     let t0 = Instant::now();
     let running = c.wait(&format!("{PODS} pods Running"), 10 * MINUTE, || {
-        let pods = c.json(&["-n", &ns, "get", "pods", "-l", "app=web"]);
-        let names: Vec<String> = pods["items"]
-            .as_array()
+        let names: Vec<String> = running_pods(&c, &ns, "app=web")
             .into_iter()
-            .flatten()
-            .filter(|p| {
-                p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null()
-            })
-            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+            .map(|(name, _)| name)
             .collect();
         if names.len() >= PODS {
             Ok(names)
@@ -917,31 +917,12 @@ fn dels_that_never_arrive_are_swept_by_the_reconcile_deployment() {
     let ns = c.namespace("lostdel");
     let ns = ns.name.clone();
     let network = "fabric-sweep";
-    c.apply(&format!(
-        r#"apiVersion: k8s.cni.cncf.io/v1
-kind: NetworkAttachmentDefinition
-metadata: {{name: {network}, namespace: {ns}}}
-spec:
-  config: |
-    {{"cniVersion": "1.0.0", "name": "{network}", "type": "sticky-macvlan", "master": "eth1",
-      "ipam": {{"type": "sticky-ipam", "subnet": "172.31.68.0/24", "gateway": "172.31.68.1",
-        "store": {{"type": "kubernetes", "kubeconfig": "/etc/cni/net.d/sticky-macvlan.d/sticky-macvlan.kubeconfig", "timeoutMs": 10000}}}}}}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: web, namespace: {ns}}}
-spec:
-  replicas: 6
-  selector: {{matchLabels: {{app: web}}}}
-  template:
-    metadata:
-      labels: {{app: web}}
-      annotations: {{k8s.v1.cni.cncf.io/networks: {network}}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      containers:
-      - {{name: c, image: localhost/testbox:1, imagePullPolicy: Never, command: ["sleep", "100000"]}}
-"#
+    c.apply(&dynamic_deployment(
+        &ns,
+        network,
+        "172.31.68.0/24",
+        "172.31.68.1",
+        6,
     ));
     let pods = c.wait("6 pods Running on at least 2 nodes", 3 * MINUTE, || {
         let pods = running_pods(&c, &ns, "app=web");
@@ -952,7 +933,6 @@ spec:
             Err(format!("{pods:?}"))
         }
     });
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
 
     // Lost DEL 1: Multus' cache of the pod's delegates is missing on its
     // node when the pod is deleted (and the pod is already gone from the
@@ -976,9 +956,9 @@ spec:
                 .map(str::to_string)
         })
         .expect("the claim records the sandbox");
-    let cache = root.join(format!(
-        ".cluster/nodes/{victim_node}/disk/var-lib-cni/multus/{container}"
-    ));
+    let cache = c
+        .node_disk(&victim_node)
+        .join(format!("var-lib-cni/multus/{container}"));
     std::fs::remove_file(&cache)
         .unwrap_or_else(|e| panic!("Multus' cache {}: {e}", cache.display()));
     c.kubectl(&[
@@ -990,9 +970,7 @@ spec:
         "--force",
         "--grace-period=0",
     ]);
-    let multus_log = root.join(format!(
-        ".cluster/nodes/{victim_node}/disk/var-log/multus.log"
-    ));
+    let multus_log = c.node_disk(&victim_node).join("var-log/multus.log");
     c.wait("Multus on the node giving up the DEL", 2 * MINUTE, || {
         let log = std::fs::read_to_string(&multus_log).unwrap_or_default();
         if log.contains("failed to get the cached delegates file") {
@@ -1113,29 +1091,13 @@ fn router_mac(addr: IpAddr) -> Option<String> {
     words.next().map(str::to_string)
 }
 
-fn cluster_sh(args: &[&str]) -> String {
-    let out = std::process::Command::new("bash")
-        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/cluster.sh"))
-        .args(args)
-        .output()
-        .expect("scripts/cluster.sh");
-    assert!(
-        out.status.success(),
-        "scripts/cluster.sh {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+/// Resumes a paused API server on drop, also when the test fails.
+struct ApiServerResumed<'a>(&'a LocalCluster);
 
-/// Resumes and, if stopped, restarts the control plane on drop.
-struct ControlPlaneGuard;
-
-impl Drop for ControlPlaneGuard {
+impl Drop for ApiServerResumed<'_> {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("bash")
-            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/cluster.sh"))
-            .args(["control", "resume", "kube-apiserver"])
-            .status();
+        self.0
+            .script_best_effort(&["control", "resume", "kube-apiserver"]);
     }
 }
 
@@ -1167,15 +1129,14 @@ fn the_api_down_restarted_or_without_etcd_loses_no_address() {
     // node-local record) is not reachable behind Multus thin. What must
     // hold: nobody else gets the address meanwhile, and the pod gets it
     // back, on a new interface, once the API answers.
-    let _resume = ControlPlaneGuard;
-    cluster_sh(&["control", "pause", "kube-apiserver"]);
-    let pids = cluster_sh(&["exec", &node, "ip", "netns", "pids", &netns]);
+    let _resume = ApiServerResumed(&c);
+    c.script(&["control", "pause", "kube-apiserver"]);
+    let pids = c.script(&["exec", &node, "ip", "netns", "pids", &netns]);
     assert!(!pids.trim().is_empty(), "the sandbox {netns} has processes");
     for pid in pids.split_whitespace() {
-        let _ = cluster_sh(&["exec", &node, "kill", "-9", pid]);
+        c.script(&["exec", &node, "kill", "-9", pid]);
     }
-    let multus_log = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join(format!("../.cluster/nodes/{node}/disk/var-log/multus.log"));
+    let multus_log = c.node_disk(&node).join("var-log/multus.log");
     let said = c.wait(
         "Multus failing the re-ADD while the API is down",
         3 * MINUTE,
@@ -1207,7 +1168,7 @@ fn the_api_down_restarted_or_without_etcd_loses_no_address() {
         },
     );
     let t = Instant::now();
-    cluster_sh(&["control", "resume", "kube-apiserver"]);
+    c.script(&["control", "resume", "kube-apiserver"]);
     let mac_after = c.wait(
         "the address back on a new sandbox after the API answers",
         3 * MINUTE,
@@ -1243,7 +1204,7 @@ fn the_api_down_restarted_or_without_etcd_loses_no_address() {
     c.kubectl(&["-n", &ns, "scale", "statefulset", "db", "--replicas=3"]);
     std::thread::sleep(Duration::from_millis(1500));
     let t = Instant::now();
-    cluster_sh(&["control", "restart", "kube-apiserver"]);
+    c.script(&["control", "restart", "kube-apiserver"]);
     eprintln!(
         "api faults: kube-apiserver restarted in {:.1} s",
         t.elapsed().as_secs_f64()
@@ -1254,7 +1215,7 @@ fn the_api_down_restarted_or_without_etcd_loses_no_address() {
     c.kubectl(&["-n", &ns, "scale", "statefulset", "db", "--replicas=5"]);
     std::thread::sleep(Duration::from_millis(1500));
     let t = Instant::now();
-    cluster_sh(&["control", "restart", "etcd"]);
+    c.script(&["control", "restart", "etcd"]);
     eprintln!(
         "api faults: etcd restarted in {:.1} s",
         t.elapsed().as_secs_f64()
@@ -1426,7 +1387,7 @@ spec:
         // Is the old db-1 still up on the cut node with that address?
         let script =
             "for n in $(ip netns list | cut -d' ' -f1); do ip -n \"$n\" -o addr show; done";
-        let on_old = cluster_sh(&["exec", &node, "sh", "-c", script]);
+        let on_old = c.script(&["exec", &node, "sh", "-c", script]);
         for addr in &before {
             let old_has = sticky_e2e::local_cluster::parse_ip_o_addr(&on_old).contains(addr);
             let new_has = after.as_ref().is_some_and(|(_, a)| a.contains(addr));
@@ -1542,21 +1503,13 @@ fn a_proxy_that_delays_resets_and_drops_api_traffic_loses_no_address() {
     // Every node's plugin reaches the API through the proxy: the
     // installer's kubeconfig with the proxy as the server (same address as
     // the API server, so TLS still verifies).
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for node in c.nodes() {
-        let dir = root.join(format!(
-            ".cluster/nodes/{node}/disk/etc-cni-net.d/sticky-macvlan.d"
-        ));
-        let kc = std::fs::read_to_string(dir.join("sticky-macvlan.kubeconfig"))
-            .expect("the installer's kubeconfig");
+    c.write_node_kubeconfigs("via-proxy.kubeconfig", |kc| {
         let server = kc
             .lines()
             .find_map(|l| l.trim().strip_prefix("server: "))
-            .expect("a server line")
-            .to_string();
-        let proxied = kc.replace(&server, &format!("https://{}", FaultProxy::LISTEN));
-        std::fs::write(dir.join("via-proxy.kubeconfig"), proxied).expect("write the kubeconfig");
-    }
+            .expect("a server line");
+        kc.replace(server, &format!("https://{}", FaultProxy::LISTEN))
+    });
     let ns = c.namespace("proxy");
     let ns = ns.name.clone();
     let _claims = ClaimsOf {
