@@ -399,12 +399,16 @@ impl StickyIpam {
             let plan = plan_del(s, &cid, &ifname, now_secs())?;
             Ok((plan, ()))
         })?;
-        if let Some((plan, ())) = done {
+        if let Some((plan, ())) = &done {
             for c in plan.changes.iter().filter_map(|c| c.before.as_ref()) {
                 cni::log::info(&format!("released {} of identity {:?}", c.ip, c.identity));
             }
         }
-        if self.backend.is_kube() {
+        // Only a release the API took is mirrored: while the API does not
+        // answer, its claim stays Bound to this pod, and kubelet's next
+        // step after this DEL is the same pod's new sandbox, whose
+        // degraded re-ADD needs the record.
+        if self.backend.is_kube() && done.is_some() {
             self.release_local(&cid, &ifname);
         }
         Ok(())
