@@ -1,13 +1,18 @@
-//! The Kubernetes side of the e2e harness: the stand-in API server in its
-//! own netns behind a management bridge, and the objects kubelet and the
-//! controllers would create (nodes, pods, StatefulSets), written through
-//! its control socket. It stays for what a real API server cannot be made
-//! to do on purpose (ARCHITECTURE.md, "Where a fake remains"); the
-//! scenarios a real cluster can produce run in e2e/tests/real_cluster.rs.
+//! The Kubernetes side of the e2e harness: an API server in its own netns
+//! behind a management bridge, and the objects kubelet and the controllers
+//! would create (nodes, pods, StatefulSets). `start_api` runs the real one,
+//! etcd and kube-apiserver from the local cluster's build
+//! (scripts/cluster.sh build), with RBAC and examples/rbac.yaml's
+//! ClusterRole bound to the plugins' token; no controller or kubelet runs,
+//! so each scenario plays them by writing objects as they would (a pod
+//! bound to a node, its status, a taint). `start_standin` runs our
+//! stand-in, kept only for what a real API server cannot be made to do on
+//! purpose (ARCHITECTURE.md, "Where a fake remains"): injected 409s and
+//! planned server faults.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,10 +22,31 @@ use crate::{ip, target_dir, Topology};
 
 pub const API_ADDR: &str = "192.168.254.1";
 pub const API_PORT: u16 = 6443;
+/// The static token of the plugins' user, bound to examples/rbac.yaml's
+/// ClusterRole through its group.
+const PLUGIN_TOKEN: &str = "e2e-token";
+const PLUGIN_USER: &str = "sticky-macvlan-e2e-node";
+const PLUGIN_GROUP: &str = "sticky-macvlan:e2e-nodes";
+const ADMIN_TOKEN: &str = "e2e-admin-token";
 
-pub struct StandIn {
-    child: Option<Child>,
-    pub control: PathBuf,
+enum Backend {
+    /// etcd and kube-apiserver; requests counted from the audit log, from
+    /// `counted_from` bytes on.
+    Real {
+        etcd: Child,
+        apiserver: Child,
+        audit_log: PathBuf,
+        counted_from: std::cell::Cell<u64>,
+    },
+    StandIn {
+        child: Child,
+        control: PathBuf,
+    },
+    Stopped,
+}
+
+pub struct KubeApi {
+    backend: Backend,
     /// The kubeconfig the plugins use.
     pub kubeconfig: PathBuf,
     pub netns: String,
@@ -40,11 +66,135 @@ pub fn standin_binary() -> PathBuf {
     p
 }
 
+/// A program of the local cluster's build.
+pub fn cluster_binary(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/cluster/bin")
+        .join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build it first (bash scripts/cluster.sh build)",
+        p.display()
+    );
+    p
+}
+
+#[track_caller]
+fn run(what: &str, cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, a serving certificate for the API address and a service-account
+/// key pair, all EC (quick to make per scenario).
+fn make_pki(dir: &Path) {
+    std::fs::create_dir_all(dir).expect("create pki dir");
+    let f = |name: &str| dir.join(name).to_string_lossy().to_string();
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+    run(
+        "make the test CA",
+        Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=sticky-e2e-ca",
+            ])
+            .args(ec)
+            .args(["-keyout", &f("ca.key"), "-out", &f("ca.crt")]),
+    );
+    run(
+        "make the API server's key",
+        Command::new("openssl")
+            .args(["req", "-new", "-nodes", "-subj", "/CN=kube-apiserver"])
+            .args(ec)
+            .args(["-keyout", &f("apiserver.key"), "-out", &f("apiserver.csr")]),
+    );
+    std::fs::write(
+        dir.join("apiserver.ext"),
+        format!("basicConstraints=CA:FALSE\nsubjectAltName=IP:{API_ADDR},IP:127.0.0.1\n"),
+    )
+    .expect("write apiserver.ext");
+    run(
+        "sign the API server's certificate",
+        Command::new("openssl")
+            .args(["x509", "-req", "-days", "2", "-in", &f("apiserver.csr")])
+            .args([
+                "-CA",
+                &f("ca.crt"),
+                "-CAkey",
+                &f("ca.key"),
+                "-CAcreateserial",
+            ])
+            .args(["-extfile", &f("apiserver.ext"), "-out", &f("apiserver.crt")]),
+    );
+    run(
+        "make the service-account key",
+        Command::new("openssl")
+            .args([
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+            ])
+            .args(["-out", &f("sa.key")]),
+    );
+    run(
+        "derive the service-account public key",
+        Command::new("openssl").args([
+            "pkey",
+            "-in",
+            &f("sa.key"),
+            "-pubout",
+            "-out",
+            &f("sa.pub"),
+        ]),
+    );
+    std::fs::write(
+        dir.join("tokens.csv"),
+        format!(
+            "{ADMIN_TOKEN},e2e-admin,e2e-admin,system:masters\n{PLUGIN_TOKEN},{PLUGIN_USER},{PLUGIN_USER},{PLUGIN_GROUP}\n"
+        ),
+    )
+    .expect("write tokens.csv");
+    // Only the plugins' requests are recorded: they are what is counted.
+    std::fs::write(
+        dir.join("audit-policy.yaml"),
+        format!(
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  users: [{PLUGIN_USER}]\n- level: None\n"
+        ),
+    )
+    .expect("write audit-policy.yaml");
+}
+
+fn spawn_in(netns: &str, program: &Path, args: &[String], log: &Path) -> Child {
+    let log = std::fs::File::create(log).expect("server log file");
+    Command::new("ip")
+        .args(["netns", "exec", netns])
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", program.display()))
+}
+
 impl Topology {
-    /// The management plane: a bridge in its own netns, the stand-in API
-    /// server in another, and a `mgmt0` veth from every node (existing and
-    /// added later) at 192.168.254.(10 + node).
-    pub fn start_api(&mut self) -> StandIn {
+    /// The management plane: a bridge in its own netns, the API server's
+    /// netns, and a `mgmt0` veth from every node (existing and added
+    /// later) at 192.168.254.(10 + node).
+    fn management_plane(&mut self) -> String {
         let mgmt = format!("{}-mgmt", self.prefix);
         let api = format!("{}-api", self.prefix);
         self.add_netns(&mgmt);
@@ -52,30 +202,169 @@ impl Topology {
         ip(&["-n", &mgmt, "link", "set", "br0", "up"]);
         self.mgmt = Some(mgmt);
         self.add_netns(&api);
+        ip(&["-n", &api, "link", "set", "lo", "up"]);
         self.mgmt_link(&api, &format!("{API_ADDR}/24"));
         for i in 0..self.nodes.len() {
             let netns = self.nodes[i].netns.clone();
             self.mgmt_link(&netns, &format!("192.168.254.{}/24", 10 + i));
         }
+        api
+    }
+
+    /// The real API server: etcd and kube-apiserver in the API netns, the
+    /// IPClaim CRD installed and examples/rbac.yaml's ClusterRole bound to
+    /// the plugins' token.
+    pub fn start_api(&mut self) -> KubeApi {
+        let etcd_bin = cluster_binary("etcd");
+        let apiserver_bin = cluster_binary("kube-apiserver");
+        let api = self.management_plane();
+        let pki = self.state_dir.join("pki");
+        make_pki(&pki);
+        let p = |name: &str| pki.join(name).to_string_lossy().to_string();
+        let state = |name: &str| self.state_dir.join(name).to_string_lossy().to_string();
+        let etcd_args: Vec<String> = [
+            "--name",
+            "e2e",
+            "--data-dir",
+            &state("etcd"),
+            "--listen-client-urls",
+            "http://127.0.0.1:2379",
+            "--advertise-client-urls",
+            "http://127.0.0.1:2379",
+            "--listen-peer-urls",
+            "http://127.0.0.1:2380",
+            "--initial-advertise-peer-urls",
+            "http://127.0.0.1:2380",
+            "--initial-cluster",
+            "e2e=http://127.0.0.1:2380",
+            "--unsafe-no-fsync",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        let etcd = spawn_in(
+            &api,
+            &etcd_bin,
+            &etcd_args,
+            &self.state_dir.join("etcd.log"),
+        );
+        let audit_log = self.state_dir.join("audit.log");
+        let apiserver_args: Vec<String> = [
+            "--etcd-servers",
+            "http://127.0.0.1:2379",
+            "--bind-address",
+            "0.0.0.0",
+            "--advertise-address",
+            API_ADDR,
+            "--secure-port",
+            "6443",
+            "--tls-cert-file",
+            &p("apiserver.crt"),
+            "--tls-private-key-file",
+            &p("apiserver.key"),
+            "--token-auth-file",
+            &p("tokens.csv"),
+            "--authorization-mode",
+            "RBAC",
+            "--service-cluster-ip-range",
+            "10.254.0.0/24",
+            "--service-account-issuer",
+            "https://kubernetes.default.svc",
+            "--service-account-key-file",
+            &p("sa.pub"),
+            "--service-account-signing-key-file",
+            &p("sa.key"),
+            "--audit-policy-file",
+            &p("audit-policy.yaml"),
+            "--audit-log-path",
+            &audit_log.to_string_lossy(),
+            "--audit-log-mode",
+            "blocking",
+            "--cert-dir",
+            &state("apiserver-certs"),
+            "--profiling=false",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        let apiserver = spawn_in(
+            &api,
+            &apiserver_bin,
+            &apiserver_args,
+            &self.state_dir.join("kube-apiserver.log"),
+        );
+        let kubeconfig = self.state_dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            kubeconfig_yaml(
+                &format!("https://{API_ADDR}:{API_PORT}"),
+                &pki.join("ca.crt"),
+            ),
+        )
+        .expect("write kubeconfig");
+        let api = KubeApi {
+            backend: Backend::Real {
+                etcd,
+                apiserver,
+                audit_log,
+                counted_from: std::cell::Cell::new(0),
+            },
+            kubeconfig,
+            netns: api,
+            network: "macnet".into(),
+            request_timeout_ms: std::cell::Cell::new(10_000),
+        };
+        api.wait_until("kube-apiserver to be ready", Duration::from_secs(90), |a| {
+            a.try_request("GET", "/readyz", None)
+                .is_ok_and(|(code, _)| code == 200)
+        });
+        api.install_crd();
+        let rbac = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/rbac.yaml"),
+        )
+        .expect("read examples/rbac.yaml");
+        let role = rbac
+            .split("\n---")
+            .find(|doc| {
+                doc.contains("kind: ClusterRole\n") && doc.contains("name: sticky-macvlan\n")
+            })
+            .expect("examples/rbac.yaml has the sticky-macvlan ClusterRole");
+        let role: Value = serde_saphyr::from_str(role).expect("parse the ClusterRole");
+        api.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", role);
+        api.create(
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": "sticky-macvlan-e2e-nodes"},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "sticky-macvlan"},
+                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": PLUGIN_GROUP}]}),
+        );
+        // No controller-manager runs, so nobody makes the namespace's
+        // default service account, which pod admission requires.
+        api.create(
+            "/api/v1/namespaces/default/serviceaccounts",
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
+        );
+        api
+    }
+
+    /// Our stand-in API server, for the faults a real one cannot be made
+    /// to produce.
+    pub fn start_standin(&mut self) -> KubeApi {
+        let api = self.management_plane();
         let control = self.state_dir.join("standin.sock");
         let log_path = std::env::var_os("STICKY_E2E_STANDIN_LOG")
             .map(PathBuf::from)
             .unwrap_or_else(|| self.state_dir.join("standin.log"));
-        let log = std::fs::File::create(log_path).expect("stand-in log file");
-        let child = Command::new("ip")
-            .args(["netns", "exec", &api])
-            .arg(standin_binary())
-            .args(["--listen", &format!("{API_ADDR}:{API_PORT}"), "--control"])
-            .arg(&control)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start kube-standin");
+        let args = vec![
+            "--listen".to_string(),
+            format!("{API_ADDR}:{API_PORT}"),
+            "--control".to_string(),
+            control.to_string_lossy().to_string(),
+        ];
+        let child = spawn_in(&api, &standin_binary(), &args, &log_path);
         let kubeconfig = self.state_dir.join("kubeconfig");
-        let standin = StandIn {
-            child: Some(child),
-            control: control.clone(),
+        let standin = KubeApi {
+            backend: Backend::StandIn { child, control },
             kubeconfig: kubeconfig.clone(),
             netns: api,
             network: "macnet".into(),
@@ -88,18 +377,12 @@ impl Topology {
             kubeconfig_yaml(&format!("http://{API_ADDR}:{API_PORT}"), &ca),
         )
         .expect("write kubeconfig");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while standin.try_request("GET", "/standin/stats", None).is_err() {
-            assert!(Instant::now() < deadline, "kube-standin did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        standin.create(
-            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-            sticky_ipam::kube::crd::definition(),
-        );
+        standin.wait_until("kube-standin to start", Duration::from_secs(10), |a| {
+            a.try_request("GET", "/standin/stats", None).is_ok()
+        });
+        standin.install_crd();
         standin
     }
-
     pub(crate) fn mgmt_link(&mut self, netns: &str, addr: &str) {
         let Some(mgmt) = self.mgmt.clone() else {
             return;
@@ -122,55 +405,159 @@ impl Topology {
 /// trust store, as it does on a real node.
 pub const STANDIN_CA: &str = include_str!("../standin-ca.pem");
 
-/// A kubeconfig as `sticky-macvlan install` writes it (the token is sent
-/// and ignored by the stand-in).
+/// A kubeconfig as `sticky-macvlan install` writes it (the stand-in
+/// ignores the token).
 pub fn kubeconfig_yaml(server: &str, ca: &std::path::Path) -> String {
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: sticky-macvlan\n  user:\n    token: e2e-token\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: sticky-macvlan\ncurrent-context: standin\n",
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: sticky-macvlan\n  user:\n    token: {PLUGIN_TOKEN}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: sticky-macvlan\ncurrent-context: e2e\n",
         ca.display()
     )
 }
 
-impl StandIn {
+/// The status line and JSON body of a raw HTTP/1.0 answer.
+fn parse_answer(raw: &[u8]) -> (u16, Value) {
+    let text = String::from_utf8_lossy(raw);
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let json = text
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b).ok())
+        .unwrap_or(Value::Null);
+    (code, json)
+}
+
+impl KubeApi {
     /// The name of test node `i` (1-based).
     pub fn node(&self, i: usize) -> String {
         format!("node{i}")
     }
 
+    /// Whether this is the real kube-apiserver (not the stand-in).
+    pub fn is_real(&self) -> bool {
+        matches!(self.backend, Backend::Real { .. })
+    }
+
+    /// A request as the cluster admin (the harness's own requests, never
+    /// counted). PATCH sends a JSON merge patch.
     fn try_request(
         &self,
         method: &str,
         path: &str,
         body: Option<&Value>,
     ) -> std::io::Result<(u16, Value)> {
-        let mut s = UnixStream::connect(&self.control)?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
         let body = body.map(|b| b.to_string()).unwrap_or_default();
-        write!(
-            s,
-            "{method} {path} HTTP/1.0\r\nHost: standin\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )?;
-        // HTTP/1.0, so the answer is never chunked.
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw)?;
-        let text = String::from_utf8_lossy(&raw);
-        let code = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let json = text
-            .split_once("\r\n\r\n")
-            .and_then(|(_, b)| serde_json::from_str(b).ok())
-            .unwrap_or(Value::Null);
-        Ok((code, json))
+        let content_type = if method == "PATCH" {
+            "application/merge-patch+json"
+        } else {
+            "application/json"
+        };
+        match &self.backend {
+            Backend::StandIn { control, .. } => {
+                let mut s = UnixStream::connect(control)?;
+                s.set_read_timeout(Some(Duration::from_secs(10)))?;
+                write!(
+                    s,
+                    "{method} {path} HTTP/1.0\r\nHost: standin\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )?;
+                // HTTP/1.0, so the answer is never chunked.
+                let mut raw = Vec::new();
+                s.read_to_end(&mut raw)?;
+                Ok(parse_answer(&raw))
+            }
+            Backend::Real { .. } => {
+                let mut child = Command::new("ip")
+                    .args([
+                        "netns",
+                        "exec",
+                        &self.netns,
+                        "curl",
+                        "-sS",
+                        "-k",
+                        "-i",
+                        "--http1.1",
+                    ])
+                    .args(["--max-time", "20", "-X", method])
+                    .args(["-H", &format!("Authorization: Bearer {ADMIN_TOKEN}")])
+                    .args([
+                        "-H",
+                        &format!("Content-Type: {content_type}"),
+                        "-H",
+                        "Expect:",
+                    ])
+                    .args(["--data-binary", "@-"])
+                    .arg(format!("https://127.0.0.1:{API_PORT}{path}"))
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()?;
+                if let Some(mut stdin) = child.stdin.take() {
+                    stdin.write_all(body.as_bytes())?;
+                }
+                let out = child.wait_with_output()?;
+                if !out.status.success() {
+                    return Err(std::io::Error::other(
+                        String::from_utf8_lossy(&out.stderr).to_string(),
+                    ));
+                }
+                Ok(parse_answer(&out.stdout))
+            }
+            Backend::Stopped => Err(std::io::Error::other("the API server was stopped")),
+        }
     }
 
     #[track_caller]
     pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
         self.try_request(method, path, body)
-            .unwrap_or_else(|e| panic!("stand-in control {method} {path}: {e}"))
+            .unwrap_or_else(|e| panic!("API {method} {path}: {e}"))
+    }
+
+    #[track_caller]
+    fn wait_until(&self, what: &str, limit: Duration, ready: impl Fn(&Self) -> bool) {
+        let deadline = Instant::now() + limit;
+        while !ready(self) {
+            if Instant::now() > deadline {
+                let dir = self
+                    .kubeconfig
+                    .parent()
+                    .map(Path::to_path_buf)
+                    .unwrap_or_default();
+                let tail = |name: &str| {
+                    let text = std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+                    let lines: Vec<&str> = text.lines().collect();
+                    lines[lines.len().saturating_sub(15)..].join("\n")
+                };
+                panic!(
+                    "timed out waiting for {what}\nkube-apiserver.log:\n{}\netcd.log:\n{}",
+                    tail("kube-apiserver.log"),
+                    tail("etcd.log")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The IPClaim CRD, served once the server says so.
+    fn install_crd(&self) {
+        self.create(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            sticky_ipam::kube::crd::definition(),
+        );
+        self.wait_until(
+            "the IPClaim CRD to be served",
+            Duration::from_secs(30),
+            |a| {
+                a.try_request(
+                    "GET",
+                    "/apis/sticky-macvlan.io/v1alpha1/ipclaims?limit=1",
+                    None,
+                )
+                .is_ok_and(|(code, _)| code == 200)
+            },
+        );
     }
 
     #[track_caller]
@@ -180,16 +567,33 @@ impl StandIn {
         out
     }
 
+    /// What kubelet reports: the real server takes status only through the
+    /// status subresource.
+    #[track_caller]
+    fn set_status(&self, path: &str, status: Value) {
+        if !self.is_real() {
+            return;
+        }
+        let (code, out) = self.request(
+            "PATCH",
+            &format!("{path}/status"),
+            Some(&json!({ "status": status })),
+        );
+        assert_eq!(code, 200, "patch {path}/status: {out}");
+    }
+
     pub fn add_node(&self, name: &str) {
+        let status = json!({"conditions": [{"type": "Ready", "status": "True"}]});
         self.create(
             "/api/v1/nodes",
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
-                   "status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "status": status}),
         );
+        self.set_status(&format!("/api/v1/nodes/{name}"), status);
     }
 
     /// A running pod bound to `node`; returns its UID. `owner` makes it a
-    /// StatefulSet pod; `annotation` sets its sticky-macvlan identity.
+    /// StatefulSet pod; `annotation` sets its sticky-macvlan identity. Its
+    /// finalizer stands for the kubelet that has to confirm a deletion.
     pub fn add_pod(
         &self,
         ns: &str,
@@ -207,12 +611,14 @@ impl StandIn {
         if let Some(id) = annotation {
             meta["annotations"] = json!({sticky_ipam::pod::IDENTITY_ANNOTATION: id});
         }
+        let status = json!({"phase": "Running"});
         let pod = self.create(
             &format!("/api/v1/namespaces/{ns}/pods"),
             json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
                    "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
-                   "status": {"phase": "Running"}}),
+                   "status": status}),
         );
+        self.set_status(&format!("/api/v1/namespaces/{ns}/pods/{name}"), status);
         pod["metadata"]["uid"]
             .as_str()
             .unwrap_or_default()
@@ -255,7 +661,7 @@ impl StandIn {
             &format!("/api/v1/namespaces/{ns}/pods/{name}"),
             None,
         );
-        assert_eq!(code, 200, "delete pod: {out}");
+        assert!(code == 200 || code == 202, "delete pod: {code} {out}");
     }
 
     /// The pod object is gone for good (force delete, or kubelet confirmed).
@@ -264,17 +670,27 @@ impl StandIn {
         if let Some(mut pod) = self.get(&path) {
             pod["metadata"]["finalizers"] = json!([]);
             self.put(&path, &pod);
-            let _ = self.request("DELETE", &path, Some(&json!({"gracePeriodSeconds": 0})));
+            let _ = self.request(
+                "DELETE",
+                &path,
+                Some(
+                    &json!({"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}),
+                ),
+            );
         }
     }
 
+    /// The out-of-service taint an operator puts on a dead node, with the
+    /// Ready condition the node lifecycle controller would have set.
     pub fn taint_out_of_service(&self, node: &str) {
         let path = format!("/api/v1/nodes/{node}");
         let mut n = self.get(&path).expect("node exists");
+        let status = json!({"conditions": [{"type": "Ready", "status": "Unknown"}]});
         n["spec"]["taints"] = json!([{"key": sticky_ipam::kube::OUT_OF_SERVICE_TAINT,
                                       "value": "nodeshutdown", "effect": "NoExecute"}]);
-        n["status"]["conditions"] = json!([{"type": "Ready", "status": "Unknown"}]);
+        n["status"] = status.clone();
         self.put(&path, &n);
+        self.set_status(&path, status);
     }
 
     pub fn delete_stateful_set(&self, ns: &str, name: &str) {
@@ -320,17 +736,47 @@ impl StandIn {
     }
 
     /// Request counts by "verb resource" from the plugins (not the
-    /// harness).
+    /// harness): on the real server, from its audit log.
     pub fn stats(&self) -> Value {
-        self.request("GET", "/standin/stats", None).1
+        match &self.backend {
+            Backend::Real {
+                audit_log,
+                counted_from,
+                ..
+            } => {
+                let log = std::fs::read(audit_log).unwrap_or_default();
+                let from = (counted_from.get() as usize).min(log.len());
+                json!(audit_counts(&log[from..]))
+            }
+            _ => self.request("GET", "/standin/stats", None).1,
+        }
     }
 
     pub fn reset_stats(&self) {
-        self.request("POST", "/standin/reset", Some(&json!({})));
+        match &self.backend {
+            Backend::Real {
+                audit_log,
+                counted_from,
+                ..
+            } => counted_from.set(std::fs::metadata(audit_log).map(|m| m.len()).unwrap_or(0)),
+            _ => {
+                self.request("POST", "/standin/reset", Some(&json!({})));
+            }
+        }
+    }
+
+    #[track_caller]
+    fn standin_only(&self, what: &str) {
+        assert!(
+            !self.is_real(),
+            "{what} needs the stand-in (Topology::start_standin): a real API server cannot be told to"
+        );
     }
 
     /// Injected 409s.
+    #[track_caller]
     pub fn faults(&self, conflicts: u64, conflict_every: u64) {
+        self.standin_only("injected 409s");
         self.request(
             "POST",
             "/standin/faults",
@@ -341,24 +787,66 @@ impl StandIn {
     /// A server or transport fault: `{"fault": "error500" | "slow" |
     /// "drop", "verbs": [...], "every": N, "after": bool, "delayMs": MS}`;
     /// `{}` clears it (and the injected 409s).
+    #[track_caller]
     pub fn fault_plan(&self, plan: Value) {
+        self.standin_only("a planned server fault");
         self.request("POST", "/standin/faults", Some(&plan));
+    }
+
+    /// The pid of the process that answers the API (to SIGSTOP it).
+    pub fn server_pid(&self) -> Option<u32> {
+        match &self.backend {
+            Backend::Real { apiserver, .. } => Some(apiserver.id()),
+            Backend::StandIn { child, .. } => Some(child.id()),
+            Backend::Stopped => None,
+        }
     }
 
     /// Stops the API server (the API becomes unreachable).
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        match std::mem::replace(&mut self.backend, Backend::Stopped) {
+            Backend::Real {
+                mut etcd,
+                mut apiserver,
+                ..
+            } => {
+                for c in [&mut apiserver, &mut etcd] {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+            }
+            Backend::StandIn { mut child, control } => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = std::fs::remove_file(control);
+            }
+            Backend::Stopped => {}
         }
     }
 }
 
-impl Drop for StandIn {
+impl Drop for KubeApi {
     fn drop(&mut self) {
         self.stop();
-        let _ = std::fs::remove_file(&self.control);
     }
+}
+
+/// "verb resource" counts of an audit log's ResponseComplete events (the
+/// policy records only the plugins' user).
+fn audit_counts(log: &[u8]) -> std::collections::BTreeMap<String, u64> {
+    let mut counts = std::collections::BTreeMap::new();
+    for line in String::from_utf8_lossy(log).lines() {
+        let Ok(event) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if event["stage"] != "ResponseComplete" || event["user"]["username"] != PLUGIN_USER {
+            continue;
+        }
+        let verb = event["verb"].as_str().unwrap_or("?");
+        let resource = event["objectRef"]["resource"].as_str().unwrap_or("?");
+        *counts.entry(format!("{verb} {resource}")).or_default() += 1;
+    }
+    counts
 }
 
 /// Checks I1-I3 (ARCHITECTURE.md) on the stored objects.

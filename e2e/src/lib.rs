@@ -9,11 +9,11 @@
 //! node netns, so the host's own namespace is never touched.
 
 pub mod cni;
+pub mod kube_api;
 pub mod local_cluster;
 pub mod report;
 pub mod runtime;
 pub mod scenario;
-pub mod standin;
 pub mod state;
 pub mod store;
 
@@ -79,7 +79,7 @@ pub fn links_in(netns: &str) -> Vec<String> {
 }
 
 /// Removes what test runs whose process is gone left behind: their
-/// namespaces and their stand-in API servers.
+/// namespaces and their API servers.
 pub fn sweep_stale() {
     let alive = |pid: u32| pid == 0 || PathBuf::from(format!("/proc/{pid}")).exists();
     for (name, pid) in our_netns() {
@@ -87,10 +87,10 @@ pub fn sweep_stale() {
             let _ = Command::new("ip").args(["netns", "del", &name]).output();
         }
     }
-    for (standin, pid) in standins() {
+    for (server, pid) in api_servers() {
         if !alive(pid) {
             // SAFETY: kill has no memory preconditions.
-            unsafe { libc::kill(standin, libc::SIGKILL) };
+            unsafe { libc::kill(server, libc::SIGKILL) };
         }
     }
     for (process, pid) in runtime::run_processes() {
@@ -106,10 +106,10 @@ pub fn sweep_stale() {
 /// unwind (the release profile aborts on panic, so no `Drop` runs): called
 /// from the benchmark's panic hook.
 pub fn remove_run(pid: u32) {
-    for (standin, owner) in standins() {
+    for (server, owner) in api_servers() {
         if owner == pid {
             // SAFETY: kill has no memory preconditions.
-            unsafe { libc::kill(standin, libc::SIGKILL) };
+            unsafe { libc::kill(server, libc::SIGKILL) };
         }
     }
     for (process, owner) in runtime::run_processes() {
@@ -157,9 +157,11 @@ pub(crate) fn run_pid(after_prefix: &str) -> u32 {
         .unwrap_or(0)
 }
 
-/// Running stand-in API servers and the pid of the run that started each
-/// (from the control socket path, which carries the run's prefix).
-fn standins() -> Vec<(libc::pid_t, u32)> {
+/// Running API servers of test runs (the real etcd and kube-apiserver, or
+/// the stand-in) and the pid of the run that started each: every one of
+/// them names a file under the run's state directory, which carries the
+/// run's prefix.
+fn api_servers() -> Vec<(libc::pid_t, u32)> {
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return vec![];
     };
@@ -172,13 +174,17 @@ fn standins() -> Vec<(libc::pid_t, u32)> {
                 .split(|b| *b == 0)
                 .map(|a| String::from_utf8_lossy(a).to_string())
                 .collect();
-            if !args.first()?.ends_with("kube-standin") {
+            let program = args.first()?;
+            if !["kube-standin", "kube-apiserver", "etcd"]
+                .iter()
+                .any(|name| program.ends_with(name))
+            {
                 return None;
             }
-            let control = args.iter().skip_while(|a| *a != "--control").nth(1)?;
-            let owner = control
-                .split('/')
-                .find_map(|part| part.strip_prefix(NETNS_PREFIX).map(run_pid))?;
+            let owner = args.iter().skip(1).find_map(|arg| {
+                arg.split(['/', '='])
+                    .find_map(|part| part.strip_prefix(NETNS_PREFIX).map(run_pid))
+            })?;
             Some((pid, owner))
         })
         .collect()

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
-use sticky_e2e::standin::StandIn;
+use sticky_e2e::kube_api::KubeApi;
 use sticky_e2e::{configs, links_in, our_plugin, CniCall, CniReply, Pod, Topology};
 
 #[derive(Clone, Copy, PartialEq)]
@@ -49,7 +49,7 @@ struct Seen {
 
 struct Bench<'a> {
     topo: &'a mut Topology,
-    api: &'a StandIn,
+    api: &'a KubeApi,
     store: Store,
     dir: std::path::PathBuf,
     seq: usize,
@@ -133,7 +133,7 @@ impl Bench<'_> {
 }
 
 /// The stand-in's IPClaim objects of the test network, as `Seen`.
-fn seen_objects(api: &StandIn) -> Vec<Seen> {
+fn seen_objects(api: &KubeApi) -> Vec<Seen> {
     api.claims()
         .iter()
         .map(|c| Seen {
@@ -403,7 +403,7 @@ fn kill_at_every_step_then_kubelet_next_step_keeps_the_invariants() {
 #[test]
 fn api_faults_keep_the_invariants() {
     let mut topo = Topology::new(1);
-    let api = topo.start_api();
+    let api = topo.start_standin();
     api.add_node(&api.node(1));
     let plans: Vec<(&str, Value)> = vec![
         ("409 storm on writes", json!({"conflicts": 6})),
@@ -612,7 +612,7 @@ fn load_a_thousand_cycles_across_three_nodes() {
     const CYCLES: usize = 1000;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
     let mut topo = Topology::new(3);
-    let api = topo.start_api();
+    let api = topo.start_standin();
     for n in 1..=3 {
         api.add_node(&api.node(n));
     }
@@ -726,7 +726,7 @@ fn load_a_thousand_cycles_across_three_nodes() {
     for f in &failures {
         println!("    {f}");
     }
-    sticky_e2e::standin::assert_claim_invariants(&claims);
+    sticky_e2e::kube_api::assert_claim_invariants(&claims);
     assert_eq!(held, 0, "claims still held after every DEL");
     assert_eq!(done, CYCLES, "not every cycle completed within the bound");
     assert!(failures.is_empty());

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sticky_e2e::standin::{assert_claim_invariants, StandIn};
+use sticky_e2e::kube_api::{assert_claim_invariants, KubeApi};
 use sticky_e2e::{configs, our_ipam, our_plugin, CniCall, CniReply, Pod, Topology};
 
 const NS: &str = "default";
@@ -20,7 +20,7 @@ fn k8s(name: &str, uid: &str) -> String {
 
 /// Node `node`'s config: the kubernetes store, its own node name and
 /// node-local record.
-fn conf(topo: &Topology, api: &StandIn, node: usize, extra: Value) -> Value {
+fn conf(topo: &Topology, api: &KubeApi, node: usize, extra: Value) -> Value {
     let mut ipam = json!({
         "store": {"type": "kubernetes", "kubeconfig": api.kubeconfig, "timeoutMs": api.request_timeout_ms.get(),
                   "dir": topo.file(&format!("node{}-local", node + 1))},
@@ -32,7 +32,7 @@ fn conf(topo: &Topology, api: &StandIn, node: usize, extra: Value) -> Value {
     c
 }
 
-fn add(topo: &Topology, api: &StandIn, node: usize, pod: &Pod, cid: &str, args: &str) -> CniReply {
+fn add(topo: &Topology, api: &KubeApi, node: usize, pod: &Pod, cid: &str, args: &str) -> CniReply {
     let conf = conf(topo, api, node, json!({}));
     sticky_e2e::scenario::call(topo, node, "ADD", &conf, cid, pod, args)
 }
@@ -42,16 +42,30 @@ fn address(reply: &CniReply) -> String {
     reply.first_address()
 }
 
-fn cluster(nodes: usize) -> (Topology, StandIn) {
+/// `nodes` node netns on the real kube-apiserver.
+fn cluster(nodes: usize) -> (Topology, KubeApi) {
     let mut topo = Topology::new(nodes);
     let api = topo.start_api();
-    for i in 0..nodes {
-        api.add_node(&api.node(i + 1));
-    }
+    add_nodes(&api, nodes);
     (topo, api)
 }
 
-fn holder_node(api: &StandIn, ip: &str) -> Option<String> {
+/// The same on the stand-in, for injected 409s (ARCHITECTURE.md, "Where
+/// a fake remains").
+fn cluster_on_standin(nodes: usize) -> (Topology, KubeApi) {
+    let mut topo = Topology::new(nodes);
+    let api = topo.start_standin();
+    add_nodes(&api, nodes);
+    (topo, api)
+}
+
+fn add_nodes(api: &KubeApi, nodes: usize) {
+    for i in 0..nodes {
+        api.add_node(&api.node(i + 1));
+    }
+}
+
+fn holder_node(api: &KubeApi, ip: &str) -> Option<String> {
     api.claims()
         .iter()
         .find(|c| c["spec"]["ip"] == ip)
@@ -256,7 +270,7 @@ fn two_nodes_adding_one_identity_at_once() {
 /// store.
 #[test]
 fn two_hundred_concurrent_adds_with_injected_conflicts() {
-    let (topo, api) = cluster(3);
+    let (topo, api) = cluster_on_standin(3);
     api.faults(0, 7);
     let started = Instant::now();
     let mut children = Vec::new();
@@ -302,9 +316,10 @@ fn two_hundred_concurrent_adds_with_injected_conflicts() {
     assert!(elapsed < Duration::from_secs(120));
 }
 
-/// The API stops answering: the same pod's new sandbox on the same node
-/// is served from the node-local record; anything else is refused with
-/// code 11; nothing reaches the API; DEL succeeds.
+/// The API stops answering: in kubelet's order, the old sandbox's DEL
+/// succeeds, then the same pod's new sandbox on the same node is served
+/// from the node-local record; anything else is refused with code 11;
+/// nothing reaches the API.
 #[test]
 fn unreachable_api_serves_only_same_pod_readds() {
     let (mut topo, api) = cluster(1);
@@ -317,10 +332,25 @@ fn unreachable_api_serves_only_same_pod_readds() {
 
     // Short deadlines, so the stopped API costs seconds, not minutes.
     api.request_timeout_ms.set(1500);
-    let pid = standin_pid(&api);
+    let pid = server_pid(&api);
     let _ = Command::new("kill").args(["-STOP", &pid]).status();
     let resumed = scopeguard(pid.clone());
-    // The sandbox is re-created for the same pod (same UID): same address.
+    // kubelet first tears the dead sandbox down: its DEL succeeds (kubelet
+    // must not loop on it) and keeps the node-local record, since the API
+    // still holds the claim for this pod.
+    let del = CniCall::new(
+        &our_plugin(),
+        &topo.node(0).netns,
+        "DEL",
+        conf(&topo, &api, 0, json!({})),
+    )
+    .container("db0-a")
+    .netns(&p1.path)
+    .args(&k8s("db-0", &uid))
+    .run();
+    del.expect_ok();
+    // Then the sandbox is re-created for the same pod (same UID): same
+    // address, from the node-local record.
     let p2 = topo.add_pod("db-0-b");
     let again = add(&topo, &api, 0, &p2, "db0-b", &k8s("db-0", &uid));
     assert_eq!(address(&again), ip, "{}", again.stderr);
@@ -336,18 +366,6 @@ fn unreachable_api_serves_only_same_pod_readds() {
     assert!(!sticky_e2e::ip_ok(&[
         "-n", &p3.netns, "link", "show", "net1"
     ]));
-    // DEL of the old sandbox still succeeds (kubelet must not loop on it).
-    let del = CniCall::new(
-        &our_plugin(),
-        &topo.node(0).netns,
-        "DEL",
-        conf(&topo, &api, 0, json!({})),
-    )
-    .container("db0-a")
-    .netns(&p1.path)
-    .args(&k8s("db-0", &uid))
-    .run();
-    del.expect_ok();
     drop(resumed);
     assert_eq!(
         api.claims(),
@@ -356,20 +374,11 @@ fn unreachable_api_serves_only_same_pod_readds() {
     );
 }
 
-fn standin_pid(api: &StandIn) -> String {
-    let out = Command::new("ip")
-        .args(["netns", "pids", &api.netns])
-        .output()
-        .expect("ip netns pids");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_string()
+fn server_pid(api: &KubeApi) -> String {
+    api.server_pid().map(|p| p.to_string()).unwrap_or_default()
 }
 
-/// Resumes a SIGSTOPped stand-in even when the test panics.
+/// Resumes a SIGSTOPped API server even when the test panics.
 struct Resume(String);
 
 impl Drop for Resume {
@@ -461,7 +470,7 @@ fn installer_lays_out_a_node() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-fn cli(topo: &Topology, api: &StandIn, args: &[&str]) -> (bool, String) {
+fn cli(topo: &Topology, api: &KubeApi, args: &[&str]) -> (bool, String) {
     let out = Command::new("ip")
         .args(["netns", "exec", &topo.node(0).netns])
         .arg(our_plugin())
@@ -1089,7 +1098,7 @@ fn sticky_mac_survives_a_reschedule_and_split_brain_is_still_caught() {
 /// successes, injected conflicts and an unreachable API, at debug level.
 #[test]
 fn secrets_never_reach_the_logs() {
-    let (mut topo, mut api) = cluster(1);
+    let (mut topo, mut api) = cluster_on_standin(1);
     let text = std::fs::read_to_string(&api.kubeconfig).expect("kubeconfig");
     let kubeconfig: Value = serde_saphyr::from_str(&text).expect("parse the kubeconfig");
     let mut secrets: Vec<String> = Vec::new();

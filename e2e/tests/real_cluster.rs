@@ -1519,7 +1519,11 @@ fn a_proxy_that_delays_resets_and_drops_api_traffic_loses_no_address() {
     c.apply(
         &fabric_db_nad(&c, &ns)
             .replace("sticky-macvlan.kubeconfig", "via-proxy.kubeconfig")
-            .replace("\"timeoutMs\": 10000", "\"timeoutMs\": 3000"),
+            .replace("\"timeoutMs\": 10000", "\"timeoutMs\": 3000")
+            .replace(
+                "\"master\": \"eth1\",",
+                "\"master\": \"eth1\", \"logFile\": \"/var/log/sticky-macvlan-proxy.log\",",
+            ),
     );
     c.apply(&statefulset(&ns, "db", 1, "fabric-db"));
     c.wait_running(&ns, "db-0", &[], 2 * MINUTE);
@@ -1570,4 +1574,143 @@ fn a_proxy_that_delays_resets_and_drops_api_traffic_loses_no_address() {
             t.elapsed().as_secs_f64()
         );
     }
+
+    // Degraded mode behind Multus: the plugin's API path is cut while
+    // Multus' own is not. db-0's sandbox dies; kubelet's DEL and the new
+    // sandbox's ADD reach us with the API unreachable: the same pod (same
+    // UID, same node) gets its addresses back from the node-local record,
+    // nothing is written to the API, and a pod the node holds nothing for
+    // is refused until the API answers.
+    let held = c.pod_addrs(&ns, "db-0", "net1");
+    let db0 = c.pod(&ns, "db-0").expect("db-0 exists");
+    let db0_uid = db0["metadata"]["uid"].as_str().unwrap_or("").to_string();
+    let claims_before = claims_in(&c, &ns);
+    proxy.set("drop");
+    let t = Instant::now();
+    kill_sandbox(&db0_uid);
+    c.wait("db-0's sandbox re-created", 3 * MINUTE, || {
+        let events = c.pod_events(&ns, "db-0");
+        if events.iter().any(|e| e.starts_with("SandboxChanged")) {
+            Ok(())
+        } else {
+            Err(events.join(" | "))
+        }
+    });
+    let restarts =
+        |pod: &serde_json::Value| pod["status"]["containerStatuses"][0]["restartCount"].as_u64();
+    let restarted_before = restarts(&db0).unwrap_or(0);
+    c.wait(
+        "db-0's container restarted in the new sandbox",
+        3 * MINUTE,
+        || {
+            let pod = c.pod(&ns, "db-0").ok_or("db-0 is gone")?;
+            let ready = pod["status"]["containerStatuses"][0]["ready"] == true;
+            match restarts(&pod) {
+                Some(n) if n > restarted_before && ready => Ok(()),
+                n => Err(format!("restartCount {n:?}, ready {ready}")),
+            }
+        },
+    );
+    let db0_node = c.wait_running(&ns, "db-0", &[], 3 * MINUTE);
+    assert_eq!(uid(&c, &ns, "db-0"), db0_uid, "db-0 is the same pod");
+    let plugin_log = std::fs::read_to_string(
+        c.node_disk(&db0_node)
+            .join("var-log/sticky-macvlan-proxy.log"),
+    )
+    .unwrap_or_default();
+    assert!(
+        plugin_log.contains(&format!(
+            "degraded mode, re-ADD of pod UID {db0_uid} served from the node-local record"
+        )),
+        "{db0_node}'s plugin log does not show the degraded re-ADD of db-0:\n{plugin_log}"
+    );
+    assert_eq!(
+        c.pod_addrs(&ns, "db-0", "net1"),
+        held,
+        "db-0's new sandbox got its addresses from the node-local record"
+    );
+    let readd = t.elapsed();
+    replicas += 1;
+    let newcomer = format!("db-{}", replicas - 1);
+    c.kubectl(&[
+        "-n",
+        &ns,
+        "scale",
+        "statefulset",
+        "db",
+        &format!("--replicas={replicas}"),
+    ]);
+    let refusal = c.wait(
+        &format!("{newcomer} refused while the API is cut"),
+        3 * MINUTE,
+        || {
+            let events = c.pod_events(&ns, &newcomer);
+            events
+                .iter()
+                .find(|e| {
+                    e.starts_with("FailedCreatePodSandBox")
+                        && (e.contains("unreachable") || e.contains("did not answer"))
+                })
+                .cloned()
+                .ok_or_else(|| events.join(" | "))
+        },
+    );
+    assert!(
+        proxy.served("Drop") > 0,
+        "no plugin connection met the drop"
+    );
+    assert_eq!(
+        claims_in(&c, &ns),
+        claims_before,
+        "the API was written while the plugin could not reach it"
+    );
+    proxy.set("pass");
+    c.wait_running(&ns, &newcomer, &[], 3 * MINUTE);
+    let seen = addresses(&c, &ns, &sts_pods(replicas));
+    let all: BTreeSet<IpAddr> = seen.values().flatten().copied().collect();
+    assert_eq!(
+        all.len(),
+        2 * replicas as usize,
+        "distinct addresses: {seen:?}"
+    );
+    assert_claims_match(&c, &ns, "fabric-db", &seen);
+    eprintln!(
+        "proxy: degraded mode: db-0's new sandbox had its addresses {:.1} s after its sandbox was killed, with the API cut; {newcomer} refused ({refusal}) and attached once the API answered",
+        readd.as_secs_f64()
+    );
+}
+
+/// The IPClaims of NS's identities and pods, as (name, spec, status)
+/// text: what a write would change.
+fn claims_in(c: &LocalCluster, ns: &str) -> BTreeSet<String> {
+    c.ipclaims()
+        .iter()
+        .filter(|k| {
+            k["spec"]["namespace"] == ns
+                || k["status"]["pod"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with(&format!("{ns}/")))
+        })
+        .map(|k| format!("{} {} {}", k["metadata"]["name"], k["spec"], k["status"]))
+        .collect()
+}
+
+/// SIGKILL to the pause process of the pod with this UID: its sandbox
+/// dies, as when a runtime restarts it; kubelet then makes a new one.
+fn kill_sandbox(pod_uid: &str) {
+    let marker = format!("pod{pod_uid}");
+    let mut killed = 0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let dir = entry.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let cgroup = std::fs::read_to_string(dir.join("cgroup")).unwrap_or_default();
+        if comm.trim() == "pause" && cgroup.contains(&marker) {
+            if let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() {
+                // SAFETY: kill has no memory preconditions.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                killed += 1;
+            }
+        }
+    }
+    assert!(killed > 0, "no pause process of pod {pod_uid} found");
 }

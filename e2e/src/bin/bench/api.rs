@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use sticky_e2e::kube_api::KubeApi;
 use sticky_e2e::report::{percentile, Table};
-use sticky_e2e::standin::StandIn;
 use sticky_e2e::{configs, CniCall, CniReply, Topology};
 
 use crate::Suite;
@@ -32,7 +32,7 @@ fn conf(topo: &Topology, store: &Value, node: usize) -> Value {
     configs::sticky(&topo.node(node).uplink, &topo.file("unused"), ipam)
 }
 
-fn kube_store(topo: &Topology, api: &StandIn, node: usize) -> Value {
+fn kube_store(topo: &Topology, api: &KubeApi, node: usize) -> Value {
     json!({"type": "kubernetes", "kubeconfig": api.kubeconfig, "dir": topo.file(&format!("local{node}"))})
 }
 
@@ -142,14 +142,14 @@ fn churn(
 }
 
 /// Section 5.
-pub fn requests_and_churn(suite: &mut Suite, topo: &mut Topology, api: &StandIn) {
+pub fn requests_and_churn(suite: &mut Suite, topo: &mut Topology, api: &KubeApi) {
     let n = suite.opts.churn_pods;
     let set_uid = api.add_stateful_set(NS, "rs");
 
     // 1. Requests per ADD on the common paths.
     let samples = 15;
     let mut counts: BTreeMap<&str, (Vec<u64>, String)> = BTreeMap::new();
-    let mut record = |case: &'static str, api: &StandIn| {
+    let mut record = |case: &'static str, api: &KubeApi| {
         let s = api.stats();
         let e = counts.entry(case).or_default();
         e.0.push(total(&s));

@@ -252,7 +252,7 @@ fn main() {
     }));
     // Both panic with how to build them when missing.
     let ours = sticky_e2e::our_plugin();
-    sticky_e2e::standin::standin_binary();
+    sticky_e2e::kube_api::standin_binary();
     let mut suite = Suite {
         ours,
         reference: reference_plugin("macvlan"),
@@ -264,7 +264,7 @@ fn main() {
         panic!("cannot create {}: {e}", suite.opts.out.display());
     }
     let mut topo = Topology::new(3);
-    let api = topo.start_api();
+    let api = topo.start_standin();
     for i in 1..=3 {
         api.add_node(&format!("node{i}"));
     }
