@@ -57,26 +57,20 @@ pub struct KubeApi {
 }
 
 pub fn standin_binary() -> PathBuf {
-    let p = target_dir().join("kube-standin");
-    assert!(
-        p.exists(),
-        "{} is missing: build it first (cargo build -p sticky-e2e)",
-        p.display()
-    );
-    p
+    crate::built(
+        target_dir().join("kube-standin"),
+        "cargo build -p sticky-e2e",
+    )
 }
 
 /// A program of the local cluster's build.
 pub fn cluster_binary(name: &str) -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/cluster/bin")
-        .join(name);
-    assert!(
-        p.exists(),
-        "{} is missing: build it first (bash scripts/cluster.sh build)",
-        p.display()
-    );
-    p
+    crate::built(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../target/cluster/bin")
+            .join(name),
+        "bash scripts/cluster.sh build",
+    )
 }
 
 #[track_caller]
@@ -177,7 +171,7 @@ fn make_pki(dir: &Path) {
     .expect("write audit-policy.yaml");
 }
 
-fn spawn_in(netns: &str, program: &Path, args: &[String], log: &Path) -> Child {
+fn spawn_in(netns: &str, program: &Path, args: &[&str], log: &Path) -> Child {
     let log = std::fs::File::create(log).expect("server log file");
     Command::new("ip")
         .args(["netns", "exec", netns])
@@ -222,7 +216,7 @@ impl Topology {
         make_pki(&pki);
         let p = |name: &str| pki.join(name).to_string_lossy().to_string();
         let state = |name: &str| self.state_dir.join(name).to_string_lossy().to_string();
-        let etcd_args: Vec<String> = [
+        let etcd_args = [
             "--name",
             "e2e",
             "--data-dir",
@@ -238,10 +232,7 @@ impl Topology {
             "--initial-cluster",
             "e2e=http://127.0.0.1:2380",
             "--unsafe-no-fsync",
-        ]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
+        ];
         let etcd = spawn_in(
             &api,
             &etcd_bin,
@@ -249,7 +240,8 @@ impl Topology {
             &self.state_dir.join("etcd.log"),
         );
         let audit_log = self.state_dir.join("audit.log");
-        let apiserver_args: Vec<String> = [
+        let audit_path = audit_log.to_string_lossy().to_string();
+        let apiserver_args = [
             "--etcd-servers",
             "http://127.0.0.1:2379",
             "--bind-address",
@@ -277,16 +269,13 @@ impl Topology {
             "--audit-policy-file",
             &p("audit-policy.yaml"),
             "--audit-log-path",
-            &audit_log.to_string_lossy(),
+            &audit_path,
             "--audit-log-mode",
             "blocking",
             "--cert-dir",
             &state("apiserver-certs"),
             "--profiling=false",
-        ]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
+        ];
         let apiserver = spawn_in(
             &api,
             &apiserver_bin,
@@ -355,12 +344,9 @@ impl Topology {
         let log_path = std::env::var_os("STICKY_E2E_STANDIN_LOG")
             .map(PathBuf::from)
             .unwrap_or_else(|| self.state_dir.join("standin.log"));
-        let args = vec![
-            "--listen".to_string(),
-            format!("{API_ADDR}:{API_PORT}"),
-            "--control".to_string(),
-            control.to_string_lossy().to_string(),
-        ];
+        let listen = format!("{API_ADDR}:{API_PORT}");
+        let control_path = control.to_string_lossy().to_string();
+        let args = ["--listen", &listen, "--control", &control_path];
         let child = spawn_in(&api, &standin_binary(), &args, &log_path);
         let kubeconfig = self.state_dir.join("kubeconfig");
         let standin = KubeApi {

@@ -414,25 +414,31 @@ pub fn target_dir() -> PathBuf {
     dir
 }
 
+/// PATH, which the tests need built: panics with the command that builds
+/// it when it is missing.
+#[track_caller]
+pub fn built(path: PathBuf, build: &str) -> PathBuf {
+    assert!(
+        path.exists(),
+        "{} is missing: build it first ({build})",
+        path.display()
+    );
+    path
+}
+
 /// Our standalone IPAM binary, for the reference macvlan to exec.
 pub fn our_ipam() -> PathBuf {
-    let p = target_dir().join("sticky-ipam");
-    assert!(
-        p.exists(),
-        "{} is missing: build it first (cargo build -p sticky-macvlan)",
-        p.display()
-    );
-    p
+    built(
+        target_dir().join("sticky-ipam"),
+        "cargo build -p sticky-macvlan",
+    )
 }
 
 pub fn our_plugin() -> PathBuf {
-    let p = target_dir().join("sticky-macvlan");
-    assert!(
-        p.exists(),
-        "{} is missing: build it first (cargo build -p sticky-macvlan)",
-        p.display()
-    );
-    p
+    built(
+        target_dir().join("sticky-macvlan"),
+        "cargo build -p sticky-macvlan",
+    )
 }
 
 /// Debian's reference plugins (containernetworking-plugins 1.1.1).

@@ -1533,14 +1533,7 @@ fn a_proxy_that_delays_resets_and_drops_api_traffic_loses_no_address() {
         let t = Instant::now();
         proxy.set(mode);
         replicas += 1;
-        c.kubectl(&[
-            "-n",
-            &ns,
-            "scale",
-            "statefulset",
-            "db",
-            &format!("--replicas={replicas}"),
-        ]);
+        scale_db(&c, &ns, replicas);
         let old = uid(&c, &ns, "db-0");
         c.kubectl(&["-n", &ns, "delete", "pod", "db-0", "--wait=false"]);
         // Let the ADDs (and db-0's DEL) meet the fault for a while.
@@ -1550,17 +1543,7 @@ fn a_proxy_that_delays_resets_and_drops_api_traffic_loses_no_address() {
             c.wait_running(&ns, &p, &[], 3 * MINUTE);
         }
         assert_ne!(uid(&c, &ns, "db-0"), old, "db-0 was recreated");
-        let seen = addresses(&c, &ns, &sts_pods(replicas));
-        let all: BTreeSet<IpAddr> = seen.values().flatten().copied().collect();
-        assert_eq!(
-            all.len(),
-            2 * replicas as usize,
-            "distinct addresses after {mode}: {seen:?}"
-        );
-        for (p, a) in &seen {
-            assert_dual_stack(p, a);
-        }
-        assert_claims_match(&c, &ns, "fabric-db", &seen);
+        let seen = db_attached_distinct(&c, &ns, replicas, mode);
         assert_eq!(seen["db-0"], held, "db-0 kept its addresses through {mode}");
         let kind = match mode.split(' ').next() {
             Some("delay") => "Delay",
@@ -1632,14 +1615,7 @@ fn a_proxy_that_delays_resets_and_drops_api_traffic_loses_no_address() {
     let readd = t.elapsed();
     replicas += 1;
     let newcomer = format!("db-{}", replicas - 1);
-    c.kubectl(&[
-        "-n",
-        &ns,
-        "scale",
-        "statefulset",
-        "db",
-        &format!("--replicas={replicas}"),
-    ]);
+    scale_db(&c, &ns, replicas);
     let refusal = c.wait(
         &format!("{newcomer} refused while the API is cut"),
         3 * MINUTE,
@@ -1666,18 +1642,45 @@ fn a_proxy_that_delays_resets_and_drops_api_traffic_loses_no_address() {
     );
     proxy.set("pass");
     c.wait_running(&ns, &newcomer, &[], 3 * MINUTE);
-    let seen = addresses(&c, &ns, &sts_pods(replicas));
-    let all: BTreeSet<IpAddr> = seen.values().flatten().copied().collect();
-    assert_eq!(
-        all.len(),
-        2 * replicas as usize,
-        "distinct addresses: {seen:?}"
-    );
-    assert_claims_match(&c, &ns, "fabric-db", &seen);
+    db_attached_distinct(&c, &ns, replicas, "degraded mode");
     eprintln!(
         "proxy: degraded mode: db-0's new sandbox had its addresses {:.1} s after its sandbox was killed, with the API cut; {newcomer} refused ({refusal}) and attached once the API answered",
         readd.as_secs_f64()
     );
+}
+
+/// `kubectl scale` of the proxy scenario's StatefulSet db.
+fn scale_db(c: &LocalCluster, ns: &str, replicas: u32) {
+    c.kubectl(&[
+        "-n",
+        ns,
+        "scale",
+        "statefulset",
+        "db",
+        &format!("--replicas={replicas}"),
+    ]);
+}
+
+/// Every db pod's addresses, read in the pods: both families on each, all
+/// distinct, and the IPClaims of fabric-db agree.
+fn db_attached_distinct(
+    c: &LocalCluster,
+    ns: &str,
+    replicas: u32,
+    after: &str,
+) -> BTreeMap<String, BTreeSet<IpAddr>> {
+    let seen = addresses(c, ns, &sts_pods(replicas));
+    let all: BTreeSet<IpAddr> = seen.values().flatten().copied().collect();
+    assert_eq!(
+        all.len(),
+        2 * replicas as usize,
+        "distinct addresses after {after}: {seen:?}"
+    );
+    for (p, a) in &seen {
+        assert_dual_stack(p, a);
+    }
+    assert_claims_match(c, ns, "fabric-db", &seen);
+    seen
 }
 
 /// The IPClaims of NS's identities and pods, as (name, spec, status)
