@@ -49,6 +49,9 @@ pub struct KubeApi {
     backend: Backend,
     /// The kubeconfig the plugins use.
     pub kubeconfig: PathBuf,
+    /// The harness's own (system:masters on the real server), for bulk
+    /// loads that the plugins' RBAC and request counts must not see.
+    admin_kubeconfig: PathBuf,
     pub netns: String,
     /// The CNI network name the scenarios use.
     pub network: String,
@@ -291,7 +294,18 @@ impl Topology {
             ),
         )
         .expect("write kubeconfig");
+        let admin_kubeconfig = self.state_dir.join("kubeconfig-admin");
+        std::fs::write(
+            &admin_kubeconfig,
+            kubeconfig_yaml(
+                &format!("https://{API_ADDR}:{API_PORT}"),
+                &pki.join("ca.crt"),
+            )
+            .replace(PLUGIN_TOKEN, ADMIN_TOKEN),
+        )
+        .expect("write the admin kubeconfig");
         let api = KubeApi {
+            admin_kubeconfig,
             backend: Backend::Real {
                 etcd,
                 apiserver,
@@ -352,6 +366,7 @@ impl Topology {
         let standin = KubeApi {
             backend: Backend::StandIn { child, control },
             kubeconfig: kubeconfig.clone(),
+            admin_kubeconfig: kubeconfig.clone(),
             netns: api,
             network: "macnet".into(),
             request_timeout_ms: std::cell::Cell::new(10_000),
@@ -526,24 +541,24 @@ impl KubeApi {
         }
     }
 
-    /// The IPClaim CRD, served once the server says so.
+    /// The IPClaim and IPLock CRDs, served once the server says so.
     fn install_crd(&self) {
-        self.create(
-            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-            sticky_ipam::kube::crd::definition(),
-        );
-        self.wait_until(
-            "the IPClaim CRD to be served",
-            Duration::from_secs(30),
-            |a| {
+        for crd in sticky_ipam::kube::crd::definitions() {
+            self.create(
+                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                crd,
+            );
+        }
+        self.wait_until("the CRDs to be served", Duration::from_secs(30), |a| {
+            ["ipclaims", "iplocks"].iter().all(|plural| {
                 a.try_request(
                     "GET",
-                    "/apis/sticky-macvlan.io/v1alpha1/ipclaims?limit=1",
+                    &format!("/apis/sticky-macvlan.io/v1alpha1/{plural}?limit=1"),
                     None,
                 )
                 .is_ok_and(|(code, _)| code == 200)
-            },
-        );
+            })
+        });
     }
 
     #[track_caller]
@@ -698,27 +713,109 @@ impl KubeApi {
             None,
         );
         assert_eq!(code, 200, "list ipclaims: {list}");
-        list["items"].as_array().cloned().unwrap_or_default()
+        let claims = list["items"].as_array().cloned().unwrap_or_default();
+        // The locks as of the same revision (a consistent snapshot on the
+        // real server): every claim's address is locked for its identity.
+        let rv = list["metadata"]["resourceVersion"].as_str().unwrap_or("");
+        let (code, locks) = self.request(
+            "GET",
+            &format!("/apis/sticky-macvlan.io/v1alpha1/iplocks?labelSelector={selector}&resourceVersion={rv}&resourceVersionMatch=Exact"),
+            None,
+        );
+        assert_eq!(code, 200, "list iplocks: {locks}");
+        let locks: std::collections::BTreeMap<String, String> = locks["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|l| {
+                (
+                    l["spec"]["ip"].as_str().unwrap_or_default().to_string(),
+                    l["spec"]["identity"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                )
+            })
+            .collect();
+        for c in &claims {
+            let ip = c["spec"]["ip"].as_str().unwrap_or_default();
+            assert_eq!(
+                locks.get(ip).map(String::as_str),
+                c["spec"]["identity"].as_str(),
+                "the claim on {ip} has no lock of its identity: {c}"
+            );
+        }
+        claims
     }
 
     /// Stores these claims of `network` as the plugin would have created
-    /// them (the benchmark's pre-existing claims); not counted as requests.
+    /// them, lock then claim (the benchmark's pre-existing claims), from 8
+    /// threads in the API's netns with the harness's credentials: not
+    /// counted as the plugins' requests.
     pub fn seed_claims(&self, network: &str, claims: Vec<sticky_ipam::claim::Claim>) {
-        use sticky_ipam::kube::{crd, ClaimObject};
-        for claim in claims {
-            let obj = crd::to_object(&ClaimObject {
-                network: network.to_string(),
-                claim,
-                resource_version: None,
-            });
-            let body = serde_json::to_value(&obj).unwrap_or(Value::Null);
-            let (code, out) = self.request(
-                "POST",
-                "/apis/sticky-macvlan.io/v1alpha1/ipclaims",
-                Some(&body),
-            );
-            assert_eq!(code, 201, "seed an IPClaim: {out}");
-        }
+        use sticky_ipam::kube::client::KubeClient;
+        use sticky_ipam::kube::{ClaimObject, KubeApi as _, LockObject};
+        const THREADS: usize = 8;
+        let chunk = claims.len().div_ceil(THREADS).max(1);
+        let (netns, kubeconfig) = (&self.netns, &self.admin_kubeconfig);
+        std::thread::scope(|scope| {
+            for part in claims.chunks(chunk) {
+                scope.spawn(move || {
+                    crate::enter_netns(netns);
+                    let client = KubeClient::from_kubeconfig(kubeconfig, Duration::from_secs(30))
+                        .unwrap_or_else(|e| panic!("seeding client: {e}"));
+                    for claim in part {
+                        let lock = client
+                            .create_lock(&LockObject {
+                                network: network.to_string(),
+                                ip: claim.ip,
+                                identity: claim.identity.clone(),
+                                created: claim.created,
+                                uid: None,
+                            })
+                            .unwrap_or_else(|e| panic!("seed the IPLock of {}: {e}", claim.ip));
+                        client
+                            .create_claim(&ClaimObject {
+                                network: network.to_string(),
+                                claim: claim.clone(),
+                                resource_version: None,
+                                lock_uid: lock.uid,
+                            })
+                            .unwrap_or_else(|e| panic!("seed the IPClaim of {}: {e}", claim.ip));
+                    }
+                });
+            }
+        });
+    }
+
+    /// CPU time so far (user + system, ms) and resident memory (MiB) of
+    /// kube-apiserver and of etcd; None on the stand-in.
+    pub fn server_usage(&self) -> Option<[(f64, f64); 2]> {
+        let Backend::Real {
+            etcd, apiserver, ..
+        } = &self.backend
+        else {
+            return None;
+        };
+        let usage = |pid: u32| -> (f64, f64) {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // Fields after the command name, which is in parentheses.
+            let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            // utime and stime are fields 14 and 15, i.e. 11 and 12 after ')'.
+            // SAFETY: sysconf has no preconditions.
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+            let cpu_ms = (ticks(11) + ticks(12)) * 1e3 / hz.max(1.0);
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let rss_kib = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+                .unwrap_or(0.0);
+            (cpu_ms, rss_kib / 1024.0)
+        };
+        Some([usage(apiserver.id()), usage(etcd.id())])
     }
 
     /// Request counts by "verb resource" from the plugins (not the

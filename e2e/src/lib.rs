@@ -12,6 +12,7 @@ pub mod cni;
 pub mod kube_api;
 pub mod local_cluster;
 pub mod report;
+pub mod requests;
 pub mod runtime;
 pub mod scenario;
 pub mod state;
@@ -571,4 +572,15 @@ pub mod configs {
             .filter(|n| n != "lock" && !n.starts_with("last_reserved_ip"))
             .collect()
     }
+}
+
+/// Moves the calling thread into netns `name` (`/var/run/netns/<name>`);
+/// threads it spawns later start there too.
+pub fn enter_netns(name: &str) {
+    use std::os::fd::AsRawFd;
+    let path = format!("/var/run/netns/{name}");
+    let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+    // SAFETY: setns on this thread with a valid netns fd.
+    let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "setns into {path} failed");
 }

@@ -53,8 +53,8 @@ fn the_crd_is_the_generated_one() {
         .find(|(p, _)| p.ends_with("ipclaim-crd.yaml"))
         .expect("examples/ipclaim-crd.yaml");
     assert_eq!(
-        docs[0],
-        sticky_ipam::kube::crd::definition(),
+        docs,
+        sticky_ipam::kube::crd::definitions(),
         "regenerate it: sticky-macvlan crd > examples/ipclaim-crd.yaml"
     );
 }
@@ -116,6 +116,11 @@ fn rbac_is_least_privilege() {
                 "ipclaims".into(),
                 s(&["get", "list", "create", "update", "delete"])
             ),
+            (
+                "sticky-macvlan.io".into(),
+                "iplocks".into(),
+                s(&["get", "list", "create", "delete"])
+            ),
         ]
     );
     // reconcile never creates claims.
@@ -149,6 +154,8 @@ fn kube_calls_in_the_client() -> Vec<(String, String)> {
             "statefulsets"
         } else if method.contains("self.claims()") {
             "ipclaims"
+        } else if method.contains("self.locks()") {
+            "iplocks"
         } else {
             panic!(
                 "a KubeApi method whose resource this test cannot tell: {}",
@@ -158,6 +165,7 @@ fn kube_calls_in_the_client() -> Vec<(String, String)> {
         for (call, verb) in [
             ("api.get(", "get"),
             ("api.list(", "list"),
+            ("self.paged(", "list"),
             ("api.create(", "create"),
             ("api.replace(", "update"),
             ("api.delete(", "delete"),

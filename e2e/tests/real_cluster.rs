@@ -185,6 +185,14 @@ impl Drop for ClaimsOf<'_> {
                         .c
                         .try_kubectl(&["delete", "ipclaim", name, "--wait=false"]);
                 }
+                // Then its address's lock, as a release does.
+                let network = claim["spec"]["network"].as_str().unwrap_or_default();
+                if let Ok(ip) = claim["spec"]["ip"].as_str().unwrap_or_default().parse() {
+                    let lock = sticky_ipam::kube::lock_name(network, ip);
+                    let _ = self
+                        .c
+                        .try_kubectl(&["delete", "iplock", &lock, "--wait=false"]);
+                }
             }
         }
     }
@@ -576,6 +584,9 @@ rules:
   - apiGroups: ["sticky-macvlan.io"]
     resources: ["ipclaims"]
     verbs: ["get", "list", "update", "delete"]
+  - apiGroups: ["sticky-macvlan.io"]
+    resources: ["iplocks"]
+    verbs: ["get", "list", "create", "delete"]
   - apiGroups: [""]
     resources: ["pods", "nodes"]
     verbs: ["get"]

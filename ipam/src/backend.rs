@@ -36,7 +36,7 @@ pub enum Backend {
 /// One network's store, as the backend opened it.
 pub enum Store<'a> {
     File(FileStore),
-    Kube(KubeStore<'a>),
+    Kube(Box<KubeStore<'a>>),
 }
 
 impl Backend {
@@ -110,12 +110,12 @@ impl Backend {
             Backend::Kube { .. } => {
                 let local = self.open_local(network)?;
                 let client = self.client()?;
-                Ok(Store::Kube(KubeStore::new(
+                Ok(Store::Kube(Box::new(KubeStore::new(
                     client,
                     network,
                     local,
                     first_cursors,
-                )))
+                ))))
             }
         }
     }
@@ -157,11 +157,28 @@ impl Backend {
     /// The liveness judge with `node`'s evidence. On the kubernetes store
     /// `NodeFacts::default()` (no node) leaves the verdict to the API alone.
     pub fn inspector(&self, node: NodeFacts) -> StoreResult<Box<dyn Inspector + '_>> {
+        self.inspector_knowing(node, None)
+    }
+
+    /// The same, knowing one pod already ("namespace/name" and its facts,
+    /// read moments ago by this ADD): the kubernetes judge asks no more
+    /// about it.
+    pub fn inspector_knowing(
+        &self,
+        node: NodeFacts,
+        known: Option<(String, crate::pod::PodFacts)>,
+    ) -> StoreResult<Box<dyn Inspector + '_>> {
         Ok(match self {
             Backend::File { cri_socket, .. } => {
                 Box::new(LocalInspector::new(node, cri_socket.as_deref()))
             }
-            Backend::Kube { .. } => Box::new(KubeInspector::new(self.client()?, node)),
+            Backend::Kube { .. } => {
+                let inspector = KubeInspector::new(self.client()?, node);
+                if let Some((key, pod)) = known {
+                    inspector.know_pod(&key, pod);
+                }
+                Box::new(inspector)
+            }
         })
     }
 }
@@ -170,7 +187,7 @@ impl<'a> Store<'a> {
     fn inner(&mut self) -> &mut dyn ClaimStore {
         match self {
             Store::File(s) => s,
-            Store::Kube(s) => s,
+            Store::Kube(s) => s.as_mut(),
         }
     }
 

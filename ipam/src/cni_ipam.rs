@@ -55,6 +55,10 @@ pub struct PreparedAdd {
     /// Set when the API did not answer while resolving the identity: the
     /// ADD can then only be served in degraded mode.
     unreachable: Option<String>,
+    /// The caller's pod as the API gave it for the identity: when the old
+    /// holder has the same name (a StatefulSet pod), this answers its
+    /// liveness without a second GET.
+    pod: Option<PodFacts>,
 }
 
 /// What an ADD granted and wrote: the result to answer, what decides
@@ -218,7 +222,11 @@ impl StickyIpam {
             identity,
             now,
         };
-        Ok(PreparedAdd { req, unreachable })
+        Ok(PreparedAdd {
+            req,
+            unreachable,
+            pod,
+        })
     }
 
     /// The pod, when the identity may come from it (annotation or a
@@ -274,8 +282,12 @@ impl StickyIpam {
     }
 
     pub fn add(&mut self, prepared: PreparedAdd) -> CniResult<Granted> {
-        let PreparedAdd { req, unreachable } = prepared;
-        let (plan, grants) = self.add_planned(&req, unreachable)?;
+        let PreparedAdd {
+            req,
+            unreachable,
+            pod,
+        } = prepared;
+        let (plan, grants) = self.add_planned(&req, unreachable, pod)?;
         for g in &grants {
             match &g.took_over {
                 Some(note) => cni::log::info(&format!("identity {:?}: {note}", req.identity.key)),
@@ -302,6 +314,7 @@ impl StickyIpam {
         &mut self,
         req: &AddRequest,
         unreachable: Option<String>,
+        pod: Option<PodFacts>,
     ) -> CniResult<(Plan, Vec<Grant>)> {
         if let Some(why) = unreachable {
             let why = api_unreachable(&why);
@@ -309,7 +322,11 @@ impl StickyIpam {
         }
         let first = self.first_cursors();
         let mut store = self.backend.open(&self.conf.network, first)?;
-        let inspector = self.backend.inspector(self.node.clone())?;
+        let known = match (&req.holder.pod_namespace, &req.holder.pod_name, pod) {
+            (Some(ns), Some(name), Some(pod)) => Some((format!("{ns}/{name}"), pod)),
+            _ => None,
+        };
+        let inspector = self.backend.inspector_knowing(self.node.clone(), known)?;
         let conf = &self.conf;
         match with_retries(&mut store, "ADD", |s| {
             plan_add(conf, s, inspector.as_ref(), req)

@@ -43,8 +43,18 @@ pub struct Identity {
     pub owner: Option<Owner>,
 }
 
+const DYNAMIC_PREFIX: &str = "container:";
+
 pub fn dynamic_key(container_id: &str, ifname: &str) -> String {
-    format!("container:{container_id}/{ifname}")
+    format!("{DYNAMIC_PREFIX}{container_id}/{ifname}")
+}
+
+/// Whether `key` names one attachment (a dynamic identity): only the ADDs
+/// of that container, on its node, ever claim for it, so no other node's
+/// claim needs looking for. A configured identity of the same shape is
+/// still safe: the kubernetes store's claim create is the check.
+pub fn is_attachment_scoped(key: &str) -> bool {
+    key.starts_with(DYNAMIC_PREFIX)
 }
 
 pub fn resolve(

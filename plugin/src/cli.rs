@@ -25,7 +25,7 @@ Commands:
   version     print the plugin version and supported CNI versions
   help        print this help
   install     install onto this node from the DaemonSet (see install --help)
-  crd         print the IPClaim CustomResourceDefinition (YAML)
+  crd         print the IPClaim and IPLock CustomResourceDefinitions (YAML)
 
 {}
 Set CNI_COMMAND to run as a plugin, e.g.
@@ -56,12 +56,16 @@ pub fn main(args: &[String]) -> ExitCode {
         }
         Some("install") => crate::install::main(&args[1..]),
         Some("crd") if args[1..].iter().any(|a| a == "--help" || a == "-h") => {
-            println!("sticky-macvlan crd\n  Prints the IPClaim CustomResourceDefinition as YAML, for kubectl apply -f -.");
+            println!("sticky-macvlan crd\n  Prints the IPClaim and IPLock CustomResourceDefinitions as YAML, for kubectl apply -f -.");
             ExitCode::SUCCESS
         }
-        Some("crd") => match serde_saphyr::to_string(&sticky_ipam::kube::crd::definition()) {
-            Ok(yaml) => {
-                print!("{yaml}");
+        Some("crd") => match sticky_ipam::kube::crd::definitions()
+            .iter()
+            .map(serde_saphyr::to_string)
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(docs) => {
+                print!("{}", docs.join("---\n"));
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -17,6 +17,7 @@ use crate::engine::{plan_reconcile, plan_release, plan_retire, ReleaseTarget, Re
 use crate::kube::client::KubeClient;
 use crate::liveness::{Inspector, NodeFacts, Verdict};
 use crate::store::file::FileStore;
+use crate::store::ipclaim::ORPHAN_LOCK_GRACE_SECS;
 use crate::store::retry::with_retries;
 use crate::store::{ClaimStore, Plan, PlanError, PlanResult, StoreError};
 use crate::system::node_facts;
@@ -465,6 +466,11 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
                     alive += live;
                 }
                 None => raced.push(network.clone()),
+            }
+            if let crate::backend::Store::Kube(kube) = &mut store {
+                for ip in kube.sweep_orphan_locks(ORPHAN_LOCK_GRACE_SECS)? {
+                    println!("{network}: unlocked {ip}: an ADD left its lock and no claim more than {ORPHAN_LOCK_GRACE_SECS} s ago");
+                }
             }
             if retire {
                 let swept = with_retries(&mut store, "retire", |s| {

@@ -21,8 +21,10 @@ use tokio::runtime::Runtime;
 /// requests few).
 const LIST_PAGE: u32 = 500;
 
-use super::crd::{from_object, to_object, IPClaim};
-use super::{ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi, OUT_OF_SERVICE_TAINT};
+use super::crd::{from_lock, from_object, to_lock, to_object, IPClaim, IPLock};
+use super::{
+    ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi, LockObject, OUT_OF_SERVICE_TAINT,
+};
 use crate::pod::{PodFacts, IDENTITY_ANNOTATION};
 
 pub struct KubeClient {
@@ -175,6 +177,41 @@ impl KubeClient {
     fn claims(&self) -> Api<IPClaim> {
         Api::all(self.client.clone())
     }
+
+    fn locks(&self) -> Api<IPLock> {
+        Api::all(self.client.clone())
+    }
+
+    /// Every selected object, a page of `LIST_PAGE` at a time, each page
+    /// handed to `each` and dropped.
+    fn paged<K>(
+        &self,
+        api: &Api<K>,
+        what: &str,
+        selector: &str,
+        mut each: impl FnMut(&K) -> ApiResult<()>,
+    ) -> ApiResult<()>
+    where
+        K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    {
+        let mut token: Option<String> = None;
+        loop {
+            let mut lp = ListParams::default().labels(selector).limit(LIST_PAGE);
+            if let Some(t) = &token {
+                lp = lp.continue_token(t);
+            }
+            let page = self
+                .bounded(what, api.list(&lp))?
+                .map_err(|e| collection_error(what, e))?;
+            for o in &page.items {
+                each(o)?;
+            }
+            token = page.metadata.continue_.filter(|t| !t.is_empty());
+            if token.is_none() {
+                return Ok(());
+            }
+        }
+    }
 }
 
 /// A 404 on the collection itself (list, create) means the resource type
@@ -182,7 +219,7 @@ impl KubeClient {
 fn collection_error(what: &str, e: kube::Error) -> ApiError {
     match e {
         kube::Error::Api(s) if s.code == 404 => ApiError::Refused(format!(
-            "{what}: the API server does not know ipclaims.{} ({}): install the CRD with `sticky-macvlan crd | kubectl apply -f -` (examples/ipclaim-crd.yaml)",
+            "{what}: the API server does not know this resource of {} ({}): install the CRDs with `sticky-macvlan crd | kubectl apply -f -` (examples/ipclaim-crd.yaml)",
             super::GROUP,
             s.message
         )),
@@ -203,43 +240,86 @@ impl KubeApi for KubeClient {
     }
 
     fn list_claims(&self, selector: &str) -> ApiResult<Vec<ClaimObject>> {
-        let api = self.claims();
-        let lp = ListParams::default().labels(selector);
-        let what = format!("list ipclaims {selector}");
-        let list = self
-            .bounded(&what, api.list(&lp))?
-            .map_err(|e| collection_error(&what, e))?;
-        list.items.iter().map(decoded).collect()
+        let mut out = Vec::new();
+        self.paged(
+            &self.claims(),
+            &format!("list ipclaims {selector}"),
+            selector,
+            |o| {
+                out.push(decoded(o)?);
+                Ok(())
+            },
+        )?;
+        Ok(out)
+    }
+
+    fn get_lock(&self, name: &str) -> ApiResult<Option<LockObject>> {
+        let api = self.locks();
+        self.get_opt(&format!("get iplock {name}"), api.get(name))?
+            .map(|o| from_lock(&o).map_err(ApiError::Refused))
+            .transpose()
+    }
+
+    fn list_locks(&self, selector: &str) -> ApiResult<Vec<LockObject>> {
+        let mut out = Vec::new();
+        self.paged(
+            &self.locks(),
+            &format!("list iplocks {selector}"),
+            selector,
+            |o| {
+                out.push(from_lock(o).map_err(ApiError::Refused)?);
+                Ok(())
+            },
+        )?;
+        Ok(out)
     }
 
     fn taken_addresses(&self, selector: &str) -> ApiResult<BTreeSet<IpAddr>> {
-        let api = self.claims();
-        let what = format!("list ipclaims {selector}");
         let mut taken = BTreeSet::new();
-        let mut token: Option<String> = None;
-        loop {
-            let mut lp = ListParams::default().labels(selector).limit(LIST_PAGE);
-            if let Some(t) = &token {
-                lp = lp.continue_token(t);
-            }
-            let page = self
-                .bounded(&what, api.list(&lp))?
-                .map_err(|e| collection_error(&what, e))?;
-            for o in &page.items {
+        self.paged(
+            &self.locks(),
+            &format!("list iplocks {selector}"),
+            selector,
+            |o| {
                 let ip = o.spec.ip.parse().map_err(|_| {
                     ApiError::Refused(format!(
-                        "ipclaim {}: spec.ip {:?} is not an address: repair or delete the object",
+                        "iplock {}: spec.ip {:?} is not an address: delete the object, reconcile re-creates what a claim needs",
                         o.metadata.name.as_deref().unwrap_or("?"),
                         o.spec.ip
                     ))
                 })?;
                 taken.insert(ip);
-            }
-            token = page.metadata.continue_.filter(|t| !t.is_empty());
-            if token.is_none() {
-                return Ok(taken);
-            }
-        }
+                Ok(())
+            },
+        )?;
+        Ok(taken)
+    }
+
+    fn create_lock(&self, lock: &LockObject) -> ApiResult<LockObject> {
+        let api = self.locks();
+        let mut o = to_lock(lock);
+        o.metadata.uid = None;
+        let what = format!(
+            "create iplock {}",
+            o.metadata.name.clone().unwrap_or_default()
+        );
+        let created = self
+            .bounded(&what, api.create(&PostParams::default(), &o))?
+            .map_err(|e| collection_error(&what, e))?;
+        from_lock(&created).map_err(ApiError::Refused)
+    }
+
+    fn delete_lock(&self, name: &str, uid: &str) -> ApiResult<()> {
+        let api = self.locks();
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: None,
+                uid: Some(uid.to_string()),
+            }),
+            ..DeleteParams::default()
+        };
+        self.run(&format!("delete iplock {name}"), api.delete(name, &dp))
+            .map(drop)
     }
 
     fn create_claim(&self, obj: &ClaimObject) -> ApiResult<ClaimObject> {

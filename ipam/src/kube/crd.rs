@@ -1,7 +1,9 @@
-//! The `IPClaim` custom resource: one cluster-scoped object per (network,
-//! IP). The holder lives in `.status` but the CRD has no status
-//! subresource, so one PUT with a resourceVersion precondition moves an
-//! address and its holder together.
+//! The custom resources. `IPClaim`: one cluster-scoped object per
+//! (network, identity, family), naming the identity's address and holder.
+//! The holder lives in `.status` but the CRD has no status subresource, so
+//! one PUT with a resourceVersion precondition moves an address and its
+//! holder together. `IPLock`: one per (network, IP), the lock on an
+//! address; created before the claim that names it, deleted after.
 
 use std::collections::BTreeMap;
 
@@ -11,9 +13,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    holder_label, identity_label, object_name, slug, ClaimObject, LABEL_FAMILY, LABEL_HOLDER,
-    LABEL_IDENTITY, LABEL_NETWORK,
+    claim_name, family_label, holder_label, identity_label, lock_name, slug, ClaimObject,
+    LockObject, LABEL_FAMILY, LABEL_HOLDER, LABEL_IDENTITY, LABEL_NETWORK,
 };
+use crate::addr::Family;
 use crate::claim::{Claim, Holder, Owner};
 
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
@@ -46,6 +49,29 @@ pub struct IPClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     pub created: u64,
+    /// The UID of the IPLock on `ip` this claim was made under.
+    #[serde(default, rename = "lockUID", skip_serializing_if = "Option::is_none")]
+    pub lock_uid: Option<String>,
+}
+
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[kube(
+    group = "sticky-macvlan.io",
+    version = "v1alpha1",
+    kind = "IPLock",
+    plural = "iplocks",
+    printcolumn = r#"{"name":"IP","type":"string","jsonPath":".spec.ip"}"#,
+    printcolumn = r#"{"name":"Identity","type":"string","jsonPath":".spec.identity"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct IPLockSpec {
+    /// The CNI network name (the NAD's config `name`).
+    pub network: String,
+    pub ip: String,
+    /// The identity whose IPClaim may name this address.
+    pub identity: String,
+    pub created: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
@@ -66,10 +92,17 @@ pub struct IPClaimStatus {
 pub const PHASE_BOUND: &str = "Bound";
 pub const PHASE_RESERVED: &str = "Reserved";
 
-/// The CRD as installed: without the status subresource (see the module
-/// doc), so a real API server accepts holder changes in a plain PUT.
-pub fn definition() -> serde_json::Value {
-    let mut crd = serde_json::to_value(IPClaim::crd()).unwrap_or_default();
+/// The CRDs as installed: IPClaim, then IPLock.
+pub fn definitions() -> Vec<serde_json::Value> {
+    vec![
+        without_status(serde_json::to_value(IPClaim::crd()).unwrap_or_default()),
+        serde_json::to_value(IPLock::crd()).unwrap_or_default(),
+    ]
+}
+
+/// The IPClaim CRD without the status subresource (see the module doc),
+/// so a real API server accepts holder changes in a plain PUT.
+fn without_status(mut crd: serde_json::Value) -> serde_json::Value {
     if let Some(versions) = crd
         .pointer_mut("/spec/versions")
         .and_then(|v| v.as_array_mut())
@@ -83,15 +116,53 @@ pub fn definition() -> serde_json::Value {
     crd
 }
 
-pub fn to_object(obj: &ClaimObject) -> IPClaim {
-    let c = &obj.claim;
+fn network_labels(network: &str, ip: std::net::IpAddr) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
-    labels.insert(LABEL_NETWORK.to_string(), slug(&obj.network));
-    labels.insert(LABEL_IDENTITY.to_string(), identity_label(&c.identity));
+    labels.insert(LABEL_NETWORK.to_string(), slug(network));
     labels.insert(
         LABEL_FAMILY.to_string(),
-        if c.ip.is_ipv4() { "v4" } else { "v6" }.to_string(),
+        family_label(Family::of(ip)).to_string(),
     );
+    labels
+}
+
+pub fn to_lock(lock: &LockObject) -> IPLock {
+    IPLock {
+        metadata: ObjectMeta {
+            name: Some(lock_name(&lock.network, lock.ip)),
+            labels: Some(network_labels(&lock.network, lock.ip)),
+            uid: lock.uid.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: IPLockSpec {
+            network: lock.network.clone(),
+            ip: lock.ip.to_string(),
+            identity: lock.identity.clone(),
+            created: lock.created,
+        },
+    }
+}
+
+pub fn from_lock(o: &IPLock) -> Result<LockObject, String> {
+    let name = o.metadata.name.clone().unwrap_or_default();
+    let ip = o
+        .spec
+        .ip
+        .parse()
+        .map_err(|_| format!("IPLock {name}: spec.ip {:?} is not an address", o.spec.ip))?;
+    Ok(LockObject {
+        network: o.spec.network.clone(),
+        ip,
+        identity: o.spec.identity.clone(),
+        created: o.spec.created,
+        uid: o.metadata.uid.clone(),
+    })
+}
+
+pub fn to_object(obj: &ClaimObject) -> IPClaim {
+    let c = &obj.claim;
+    let mut labels = network_labels(&obj.network, c.ip);
+    labels.insert(LABEL_IDENTITY.to_string(), identity_label(&c.identity));
     if let Some(h) = &c.holder {
         labels.insert(
             LABEL_HOLDER.to_string(),
@@ -100,7 +171,7 @@ pub fn to_object(obj: &ClaimObject) -> IPClaim {
     }
     IPClaim {
         metadata: ObjectMeta {
-            name: Some(object_name(&obj.network, c.ip)),
+            name: Some(claim_name(&obj.network, &c.identity, Family::of(c.ip))),
             labels: Some(labels),
             resource_version: obj.resource_version.clone(),
             ..ObjectMeta::default()
@@ -113,6 +184,7 @@ pub fn to_object(obj: &ClaimObject) -> IPClaim {
             owner: c.owner.clone(),
             namespace: c.namespace.clone(),
             created: c.created,
+            lock_uid: obj.lock_uid.clone(),
         },
         status: Some(IPClaimStatus {
             phase: if c.holder.is_some() {
@@ -142,6 +214,7 @@ pub fn from_object(o: &IPClaim) -> Result<ClaimObject, String> {
     Ok(ClaimObject {
         network: o.spec.network.clone(),
         resource_version: o.metadata.resource_version.clone(),
+        lock_uid: o.spec.lock_uid.clone(),
         claim: Claim {
             ip,
             identity: o.spec.identity.clone(),
@@ -164,6 +237,7 @@ mod tests {
         let obj = ClaimObject {
             network: "macnet".into(),
             resource_version: Some("7".into()),
+            lock_uid: Some("lock-uid".into()),
             claim: Claim {
                 ip: "fd00::5".parse().unwrap(),
                 identity: "bgp/rs0-0".into(),
@@ -184,7 +258,18 @@ mod tests {
         assert_eq!(o.status.as_ref().unwrap().phase, PHASE_RESERVED);
         assert_eq!(o.metadata.labels.as_ref().unwrap()[LABEL_FAMILY], "v6");
         assert_eq!(from_object(&o).unwrap(), obj);
-        let crd = definition();
+        let lock = LockObject {
+            network: "macnet".into(),
+            ip: "fd00::5".parse().unwrap(),
+            identity: "bgp/rs0-0".into(),
+            created: 3,
+            uid: Some("u1".into()),
+        };
+        assert_eq!(from_lock(&to_lock(&lock)).unwrap(), lock);
+        let crds = definitions();
+        assert_eq!(crds[1]["spec"]["names"]["kind"], "IPLock");
+        assert_eq!(crds[1]["spec"]["scope"], "Cluster");
+        let crd = &crds[0];
         assert_eq!(crd["spec"]["scope"], "Cluster");
         assert_eq!(crd["spec"]["names"]["kind"], "IPClaim");
         assert!(crd["spec"]["versions"][0].get("subresources").is_none());

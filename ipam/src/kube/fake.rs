@@ -5,13 +5,14 @@
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 
-use super::crd::to_object;
-use super::{ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi};
+use super::crd::{to_lock, to_object};
+use super::{ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi, LockObject};
 use crate::pod::PodFacts;
 
 #[derive(Default)]
 pub struct FakeApi {
     pub claims: RefCell<BTreeMap<String, ClaimObject>>,
+    pub locks: RefCell<BTreeMap<String, LockObject>>,
     pub pods: RefCell<BTreeMap<String, PodFacts>>,
     pub nodes: RefCell<BTreeMap<String, ClusterNode>>,
     pub stateful_sets: RefCell<BTreeMap<String, String>>,
@@ -23,8 +24,7 @@ pub struct FakeApi {
     revision: Cell<u64>,
 }
 
-fn labels_match(obj: &ClaimObject, selector: &str) -> bool {
-    let labels = to_object(obj).metadata.labels.unwrap_or_default();
+fn labels_match(labels: BTreeMap<String, String>, selector: &str) -> bool {
     selector.split(',').filter(|s| !s.is_empty()).all(|term| {
         let (k, v) = term.split_once('=').unwrap_or((term, ""));
         labels.get(k).map(String::as_str) == Some(v)
@@ -55,7 +55,11 @@ impl FakeApi {
     }
 
     fn name(obj: &ClaimObject) -> String {
-        super::object_name(&obj.network, obj.claim.ip)
+        super::claim_name(
+            &obj.network,
+            &obj.claim.identity,
+            crate::addr::Family::of(obj.claim.ip),
+        )
     }
 
     pub fn count(&self, verb: &str) -> usize {
@@ -79,9 +83,55 @@ impl KubeApi for FakeApi {
             .claims
             .borrow()
             .values()
-            .filter(|o| labels_match(o, selector))
+            .filter(|o| labels_match(to_object(o).metadata.labels.unwrap_or_default(), selector))
             .cloned()
             .collect())
+    }
+
+    fn get_lock(&self, name: &str) -> ApiResult<Option<LockObject>> {
+        self.record(format!("get lock {name}"))?;
+        Ok(self.locks.borrow().get(name).cloned())
+    }
+
+    fn list_locks(&self, selector: &str) -> ApiResult<Vec<LockObject>> {
+        self.record(format!("list locks {selector}"))?;
+        Ok(self
+            .locks
+            .borrow()
+            .values()
+            .filter(|l| labels_match(to_lock(l).metadata.labels.unwrap_or_default(), selector))
+            .cloned()
+            .collect())
+    }
+
+    fn create_lock(&self, lock: &LockObject) -> ApiResult<LockObject> {
+        let name = super::lock_name(&lock.network, lock.ip);
+        self.record(format!("create lock {name}"))?;
+        self.injected()?;
+        let mut locks = self.locks.borrow_mut();
+        if locks.contains_key(&name) {
+            return Err(ApiError::Conflict(format!("{name} already exists")));
+        }
+        let mut stored = lock.clone();
+        stored.uid = Some(format!("lock-uid-{}", self.next_rv()));
+        locks.insert(name, stored.clone());
+        Ok(stored)
+    }
+
+    fn delete_lock(&self, name: &str, uid: &str) -> ApiResult<()> {
+        self.record(format!("delete lock {name}"))?;
+        self.injected()?;
+        let mut locks = self.locks.borrow_mut();
+        match locks.get(name) {
+            None => Err(ApiError::Conflict(format!("{name} not found"))),
+            Some(cur) if cur.uid.as_deref() != Some(uid) => {
+                Err(ApiError::Conflict(format!("{name} is another lock")))
+            }
+            Some(_) => {
+                locks.remove(name);
+                Ok(())
+            }
+        }
     }
 
     fn create_claim(&self, obj: &ClaimObject) -> ApiResult<ClaimObject> {

@@ -121,6 +121,13 @@ impl<'a> KubeInspector<'a> {
         got
     }
 
+    /// Seeds the cache with a pod this invocation already read.
+    pub fn know_pod(&self, key: &str, pod: PodFacts) {
+        self.pods
+            .borrow_mut()
+            .insert(key.to_string(), Lookup::Found(pod));
+    }
+
     fn cluster_node(&self, name: &str) -> Lookup<ClusterNode> {
         if let Some(hit) = self.nodes.borrow().get(name) {
             return hit.clone();

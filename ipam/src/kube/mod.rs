@@ -51,12 +51,32 @@ impl fmt::Display for ApiError {
 pub type ApiResult<T> = Result<T, ApiError>;
 
 /// An `IPClaim` as the store sees it: the claim plus the object's version.
+/// One object per (network, identity, family), named by `claim_name`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimObject {
     pub network: String,
     pub claim: Claim,
     /// None for an object not yet created.
     pub resource_version: Option<String>,
+    /// The UID of the `IPLock` on `claim.ip` this claim was made under, so
+    /// a release deletes exactly that lock and never a later one.
+    pub lock_uid: Option<String>,
+}
+
+/// An `IPLock`: one object per (network, IP), named by `lock_name`. Its
+/// create-if-absent is what makes an address one identity's (I1). A lock
+/// is never updated: it is created before the claim that names its
+/// address and deleted after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockObject {
+    pub network: String,
+    pub ip: std::net::IpAddr,
+    pub identity: String,
+    /// Seconds since the epoch; reconcile removes a lock no claim names
+    /// only once it is older than an ADD can take.
+    pub created: u64,
+    /// None for an object not yet created.
+    pub uid: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -66,26 +86,34 @@ pub struct ClusterNode {
 }
 
 /// The narrow seam to the API server. Lookups answer `Ok(None)` for 404.
+/// The ADD and DEL paths only use requests by object name; the listings
+/// (paged by the real client) are for reconcile, GC, exhaustion and the CLI.
 pub trait KubeApi {
     fn get_claim(&self, name: &str) -> ApiResult<Option<ClaimObject>>;
     fn list_claims(&self, selector: &str) -> ApiResult<Vec<ClaimObject>>;
-    /// The addresses of the selected claims and nothing else (the real
-    /// client pages through them, so memory does not grow with the pool).
-    fn taken_addresses(
-        &self,
-        selector: &str,
-    ) -> ApiResult<std::collections::BTreeSet<std::net::IpAddr>> {
-        Ok(self
-            .list_claims(selector)?
-            .into_iter()
-            .map(|o| o.claim.ip)
-            .collect())
-    }
     fn create_claim(&self, obj: &ClaimObject) -> ApiResult<ClaimObject>;
     /// Replaces with `obj.resource_version` as the precondition.
     fn replace_claim(&self, obj: &ClaimObject) -> ApiResult<ClaimObject>;
     /// Deletes with the resourceVersion precondition.
     fn delete_claim(&self, name: &str, resource_version: &str) -> ApiResult<()>;
+    fn get_lock(&self, name: &str) -> ApiResult<Option<LockObject>>;
+    fn list_locks(&self, selector: &str) -> ApiResult<Vec<LockObject>>;
+    /// The locked addresses and nothing else (the real client pages
+    /// through them, so memory does not grow with the pool).
+    fn taken_addresses(
+        &self,
+        selector: &str,
+    ) -> ApiResult<std::collections::BTreeSet<std::net::IpAddr>> {
+        Ok(self
+            .list_locks(selector)?
+            .into_iter()
+            .map(|l| l.ip)
+            .collect())
+    }
+    /// Create-if-absent: 409 when the address is locked already.
+    fn create_lock(&self, lock: &LockObject) -> ApiResult<LockObject>;
+    /// Deletes with the UID precondition.
+    fn delete_lock(&self, name: &str, uid: &str) -> ApiResult<()>;
     fn get_pod(&self, namespace: &str, name: &str) -> ApiResult<Option<PodFacts>>;
     fn get_node(&self, name: &str) -> ApiResult<Option<ClusterNode>>;
     /// The UID of a StatefulSet, None when it no longer exists.
@@ -129,9 +157,31 @@ pub fn holder_label(container_id: &str, ifname: &str) -> String {
     hex(&h.finalize(), 24)
 }
 
-/// `<network>.<ip>`: one object per (network, IP), so create-if-absent is
-/// the lock on an address (I1). IPv6 colons become dashes.
-pub fn object_name(network: &str, ip: std::net::IpAddr) -> String {
+pub fn family_label(family: crate::addr::Family) -> &'static str {
+    match family {
+        crate::addr::Family::V4 => "v4",
+        crate::addr::Family::V6 => "v6",
+    }
+}
+
+/// `<network>.<sha256(identity), 48 hex>.<v4|v6>`: the IPClaim of an
+/// identity in a family. One name per (network, identity, family), so
+/// create-if-absent keeps one address per identity and family (I2) with
+/// no listing. Identities are untrusted strings of any shape: only their
+/// hash is in the name, which no two identities share (192 bits).
+pub fn claim_name(network: &str, identity: &str, family: crate::addr::Family) -> String {
+    format!(
+        "{}.{}.{}",
+        slug(network),
+        identity_label(identity),
+        family_label(family)
+    )
+}
+
+/// `<network>.<ip>`: the IPLock of an address, so create-if-absent is the
+/// lock on it (I1). IPv6 colons become dashes; a hex IPv6 group is never a
+/// 48-character label, so lock and claim names never meet.
+pub fn lock_name(network: &str, ip: std::net::IpAddr) -> String {
     let ip = match ip {
         std::net::IpAddr::V4(v4) => v4.to_string(),
         std::net::IpAddr::V6(v6) => v6
@@ -146,14 +196,6 @@ pub fn object_name(network: &str, ip: std::net::IpAddr) -> String {
 
 pub fn network_selector(network: &str) -> String {
     format!("{LABEL_NETWORK}={}", slug(network))
-}
-
-pub fn identity_selector(network: &str, identity: &str) -> String {
-    format!(
-        "{},{LABEL_IDENTITY}={}",
-        network_selector(network),
-        identity_label(identity)
-    )
 }
 
 pub fn holder_selector(network: &str, container_id: &str, ifname: &str) -> String {
@@ -175,7 +217,7 @@ mod tests {
             ("macnet", "fd00::5", "macnet.fd00-0-0-0-0-0-0-5"),
         ];
         for (net, ip, want) in cases {
-            assert_eq!(object_name(net, ip.parse().unwrap()), want);
+            assert_eq!(lock_name(net, ip.parse().unwrap()), want);
         }
         for odd in ["Mac_Net", "", "-x", "a/b", &"n".repeat(64)] {
             let s = slug(odd);
@@ -183,6 +225,15 @@ mod tests {
         }
         assert_ne!(slug("Mac_Net"), slug("mac_net"));
         assert_eq!(identity_label("bgp/peer").len(), 48);
+        let v4 = claim_name("macnet", "bgp/peer", crate::addr::Family::V4);
+        assert!(
+            v4.starts_with("macnet.") && v4.ends_with(".v4") && v4.len() == 58,
+            "{v4}"
+        );
+        assert_ne!(
+            v4,
+            claim_name("macnet", "bgp/peer", crate::addr::Family::V6)
+        );
         assert_ne!(holder_label("ab", "c"), holder_label("a", "bc"));
     }
 }

@@ -1,47 +1,111 @@
-//! Claims as `IPClaim` objects in the Kubernetes API (README, "The
-//! kubernetes store"). No lock and no pool object: every write carries a precondition
-//! (create-if-absent, or the resourceVersion read), so a plan built on
-//! stale reads fails with `StoreError::Conflict` and is planned again.
+//! Claims as Kubernetes objects (README, "The kubernetes store"). No lock
+//! and no pool object: every write carries a precondition, so a plan built
+//! on stale reads fails with `StoreError::Conflict` and is planned again.
 //!
-//! I2 (one address per identity and family) spans objects, which
-//! the API cannot lock together. It is kept by create-then-verify: after
-//! creating a claim for an identity, the identity's claims are listed (a
-//! quorum read); if there is more than one per family, this ADD removes
-//! its own and retries. Of two racing ADDs the later lister always sees
-//! both, so at most one keeps its claim.
+//! Two kinds of object, both found by name (`kube::claim_name`,
+//! `kube::lock_name`), never by a listing on the ADD or DEL path:
+//! - `IPLock` per (network, IP): its create-if-absent makes an address one
+//!   identity's (I1).
+//! - `IPClaim` per (network, identity, family): the address and the holder.
+//!   Its create-if-absent keeps one address per identity and family (I2);
+//!   a holder change is one PUT with the resourceVersion read.
 //!
-//! Reads are per identity, per holder or per address (label selectors and
-//! GET by name); only exhaustion, GC and reconcile list a network's pool.
-//! Next-fit candidates are not read first: the create is the check, and a
-//! collision loads the network's taken addresses once for the retry (paged,
-//! addresses only: memory stays flat however many claims there are).
+//! Order: a lock is created before the claim that names its address and
+//! deleted after it, so a claim's address is always locked for it and a
+//! reader trusts a claim without reading its lock. A crash between the two
+//! creates leaves a lock no claim names (an *orphan*): its address stays
+//! taken, shown as a reservation of the lock's identity, until an ADD of
+//! that identity that asks for the address adopts it, or reconcile removes
+//! it once it is older than any ADD can take (`sweep_orphan_locks`). A
+//! claim create that loses keeps its lock only if the identity's winning
+//! claim names the same address (it adopted the lock).
+//!
+//! The node-local record (a `FileStore`, kept for degraded mode) doubles as
+//! a cache of the objects' resourceVersions and lock UIDs (`api/<ip>` next
+//! to it): a re-ADD or DEL on the node that made the claim plans from it and
+//! writes once; a stale entry fails that write's precondition and the plan
+//! is made again from the API. A claim read from that cache that the plan
+//! leaves untouched is checked with a GET before commit returns, so nothing
+//! is handed out on the cache's word alone.
+//!
+//! Next-fit candidates are not read first: the lock create is the check,
+//! and a collision loads the network's locked addresses once for the retry
+//! (paged, addresses only: memory stays flat however many claims there are).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use super::file::FileStore;
+use serde::{Deserialize, Serialize};
+
+use super::file::{claim_file_name, FileStore};
+use super::fsio::{make_dir, read_file, remove_file, write_atomic};
 use super::{Change, ClaimStore, Damaged, Listing, Plan, StoreError, StoreResult};
 use crate::addr::Family;
-use crate::claim::Claim;
+use crate::claim::{now_secs, Claim};
+use crate::identity::is_attachment_scoped;
 use crate::kube::{
-    holder_selector, identity_selector, network_selector, object_name, ClaimObject, KubeApi,
+    claim_name, holder_selector, lock_name, network_selector, ApiError, ClaimObject, KubeApi,
+    LockObject,
 };
+
+/// How old a lock no claim names must be before reconcile removes it: far
+/// longer than an ADD can spend between its lock and its claim (two
+/// requests, each bounded by the client's timeout), with room for clock
+/// skew between the node that made it and the reconcile pod.
+pub const ORPHAN_LOCK_GRACE_SECS: u64 = 600;
+
+/// What the node-local cache keeps of a claim's objects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct ApiNote {
+    #[serde(rename = "resourceVersion")]
+    resource_version: String,
+    #[serde(default, rename = "lockUID", skip_serializing_if = "Option::is_none")]
+    lock_uid: Option<String>,
+}
 
 pub struct KubeStore<'a> {
     api: &'a dyn KubeApi,
     network: String,
-    /// resourceVersion of each claim as last read or written.
+    /// The families of the network's range sets (both when unknown).
+    families: Vec<Family>,
+    /// resourceVersion of the claim on each address, as last read or written.
     versions: BTreeMap<IpAddr, String>,
-    /// The pool, once something needed it (exhaustion, a collision).
+    /// UID of the lock on each address, as last read or written.
+    lock_uids: BTreeMap<IpAddr, String>,
+    /// Locks no claim names, by address.
+    orphans: BTreeMap<IpAddr, LockObject>,
+    /// Claims answered from the node-local cache, not the API.
+    from_cache: BTreeSet<IpAddr>,
+    /// Whether reads may come from the node-local cache: until a conflict.
+    trust_cache: bool,
+    /// Whether the last conflict was a lock create that found its address taken.
+    collided: bool,
+    /// The pool, once something needed it (exhaustion, GC, the CLI).
     pool: Option<BTreeMap<IpAddr, Claim>>,
-    /// The network's taken addresses, loaded after a lost race.
+    /// The network's locked addresses, loaded after a collision.
     taken: Option<BTreeSet<IpAddr>>,
     /// Node-local record and next-fit cursors (no API request).
     local: Option<FileStore>,
     /// Where next-fit starts on this node before it has a cursor, so
     /// nodes do not all race for the same first address.
     first_cursors: Vec<Option<IpAddr>>,
+}
+
+/// A lock no claim names, as the claim the engine plans with: a
+/// reservation of the lock's identity, so the address is neither handed
+/// to another identity nor reclaimed.
+fn orphan_claim(lock: &LockObject) -> Claim {
+    Claim {
+        ip: lock.ip,
+        identity: lock.identity.clone(),
+        sticky: true,
+        holder: None,
+        owner: None,
+        namespace: None,
+        created: lock.created,
+        updated: lock.created,
+    }
 }
 
 impl<'a> KubeStore<'a> {
@@ -51,10 +115,25 @@ impl<'a> KubeStore<'a> {
         local: Option<FileStore>,
         first_cursors: Vec<Option<IpAddr>>,
     ) -> KubeStore<'a> {
+        let mut families: Vec<Family> = first_cursors
+            .iter()
+            .flatten()
+            .map(|ip| Family::of(*ip))
+            .collect();
+        families.dedup();
+        if families.is_empty() {
+            families = vec![Family::V4, Family::V6];
+        }
         KubeStore {
             api,
             network: network.to_string(),
+            families,
             versions: BTreeMap::new(),
+            lock_uids: BTreeMap::new(),
+            orphans: BTreeMap::new(),
+            from_cache: BTreeSet::new(),
+            trust_cache: true,
+            collided: false,
             pool: None,
             taken: None,
             local,
@@ -66,24 +145,81 @@ impl<'a> KubeStore<'a> {
         self.local
     }
 
-    fn remember(&mut self, objs: Vec<ClaimObject>) -> Vec<Claim> {
-        objs.into_iter()
-            .filter(|o| o.network == self.network)
-            .map(|o| {
-                if let Some(rv) = o.resource_version {
-                    self.versions.insert(o.claim.ip, rv);
-                }
-                o.claim
-            })
-            .collect()
+    fn remember(&mut self, obj: ClaimObject) -> Option<Claim> {
+        if obj.network != self.network {
+            return None;
+        }
+        if let Some(rv) = obj.resource_version {
+            self.versions.insert(obj.claim.ip, rv);
+        }
+        match obj.lock_uid {
+            Some(uid) => self.lock_uids.insert(obj.claim.ip, uid),
+            None => self.lock_uids.remove(&obj.claim.ip),
+        };
+        self.from_cache.remove(&obj.claim.ip);
+        Some(obj.claim)
     }
 
-    fn object(&self, claim: &Claim) -> ClaimObject {
-        ClaimObject {
-            network: self.network.clone(),
-            claim: claim.clone(),
-            resource_version: self.versions.get(&claim.ip).cloned(),
+    /// The claim of `identity` in `family`, from the API.
+    fn fetch(&mut self, identity: &str, family: Family) -> StoreResult<Option<Claim>> {
+        let got = self
+            .api
+            .get_claim(&claim_name(&self.network, identity, family))
+            .map_err(StoreError::from)?;
+        Ok(got
+            .and_then(|o| self.remember(o))
+            .filter(|c| c.identity == identity && Family::of(c.ip) == family))
+    }
+
+    fn note_path(&self, ip: IpAddr) -> Option<PathBuf> {
+        let local = self.local.as_ref()?;
+        Some(local.root().join("api").join(claim_file_name(ip)))
+    }
+
+    fn note(&self, ip: IpAddr) -> Option<ApiNote> {
+        let bytes = read_file(&self.note_path(ip)?).ok()??;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Cache entries only save requests; one that cannot be written is a
+    /// later GET.
+    fn set_note(&self, ip: IpAddr, note: Option<ApiNote>) {
+        let Some(path) = self.note_path(ip) else {
+            return;
+        };
+        let done = match note {
+            Some(note) => path.parent().map_or(Ok(()), make_dir).and_then(|_| {
+                write_atomic(&path, &serde_json::to_vec(&note).unwrap_or_default(), false)
+            }),
+            None => remove_file(&path),
+        };
+        if let Err(e) = done {
+            cni::log::warn(&format!(
+                "node-local cache of network {:?}: {e}",
+                self.network
+            ));
         }
+    }
+
+    /// Local claims that the cache can vouch for: their versions become
+    /// the writes' preconditions.
+    fn cached(&mut self, claims: Vec<Claim>) -> (Vec<Claim>, Vec<Claim>) {
+        let mut vouched = Vec::new();
+        let mut unknown = Vec::new();
+        for c in claims {
+            match self.note(c.ip) {
+                Some(note) => {
+                    self.versions.insert(c.ip, note.resource_version);
+                    if let Some(uid) = note.lock_uid {
+                        self.lock_uids.insert(c.ip, uid);
+                    }
+                    self.from_cache.insert(c.ip);
+                    vouched.push(c);
+                }
+                None => unknown.push(c),
+            }
+        }
+        (vouched, unknown)
     }
 
     fn version_of(&self, ip: IpAddr) -> StoreResult<String> {
@@ -92,35 +228,138 @@ impl<'a> KubeStore<'a> {
         })
     }
 
+    fn object(&self, claim: &Claim, resource_version: Option<String>) -> ClaimObject {
+        ClaimObject {
+            network: self.network.clone(),
+            claim: claim.clone(),
+            resource_version,
+            lock_uid: self.lock_uids.get(&claim.ip).cloned(),
+        }
+    }
+
+    /// Lock, then claim. A claim create that loses (the identity has a
+    /// claim in this family already) takes its lock back.
+    fn create(&mut self, after: &Claim) -> StoreResult<()> {
+        let ip = after.ip;
+        if self
+            .orphans
+            .get(&ip)
+            .is_none_or(|l| l.identity != after.identity)
+        {
+            let lock = self
+                .api
+                .create_lock(&LockObject {
+                    network: self.network.clone(),
+                    ip,
+                    identity: after.identity.clone(),
+                    created: now_secs(),
+                    uid: None,
+                })
+                .map_err(|e| {
+                    if matches!(e, ApiError::Conflict(_)) {
+                        self.collided = true;
+                    }
+                    StoreError::from(e)
+                })?;
+            if let Some(uid) = lock.uid {
+                self.lock_uids.insert(ip, uid);
+            }
+        }
+        let adopted = self.orphans.remove(&ip).is_some();
+        match self.api.create_claim(&self.object(after, None)) {
+            Ok(obj) => {
+                self.remember(obj);
+                Ok(())
+            }
+            Err(e) => {
+                // The identity has a claim in this family already. If it
+                // names this address, another ADD of the identity adopted
+                // our lock: it is that claim's now.
+                let adopted_by_other = matches!(e, ApiError::Conflict(_))
+                    && !adopted
+                    && self
+                        .api
+                        .get_claim(&claim_name(&self.network, &after.identity, Family::of(ip)))
+                        .ok()
+                        .flatten()
+                        .is_some_and(|o| o.claim.ip == ip);
+                if !adopted && !adopted_by_other {
+                    self.unlock(ip, &after.identity);
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Deletes the lock on `ip` if it is `identity`'s; best effort: a lock
+    /// left behind is an orphan, which keeps the address taken until
+    /// reconcile removes it, never hands it out twice.
+    fn unlock(&mut self, ip: IpAddr, identity: &str) {
+        let name = lock_name(&self.network, ip);
+        let uid = match self.lock_uids.remove(&ip) {
+            Some(uid) => Some(uid),
+            None => match self.api.get_lock(&name) {
+                Ok(Some(l)) if l.identity == identity => l.uid,
+                Ok(_) => return,
+                Err(e) => {
+                    cni::log::warn(&format!("could not read iplock {name}: {e}; reconcile removes it once no claim names it"));
+                    return;
+                }
+            },
+        };
+        let Some(uid) = uid else { return };
+        match self.api.delete_lock(&name, &uid) {
+            Ok(()) => {}
+            // Gone already, or another lock since: not ours to delete.
+            Err(ApiError::Conflict(_)) => {}
+            Err(e) => cni::log::warn(&format!(
+                "could not delete iplock {name}: {e}; reconcile removes it once no claim names it"
+            )),
+        }
+        self.orphans.remove(&ip);
+    }
+
+    fn remove(&mut self, before: &Claim) -> StoreResult<()> {
+        if !self.orphans.contains_key(&before.ip) {
+            let rv = self.version_of(before.ip)?;
+            self.api
+                .delete_claim(
+                    &claim_name(&self.network, &before.identity, Family::of(before.ip)),
+                    &rv,
+                )
+                .map_err(StoreError::from)?;
+            self.versions.remove(&before.ip);
+        }
+        self.unlock(before.ip, &before.identity);
+        Ok(())
+    }
+
     fn apply(&mut self, change: &Change) -> StoreResult<()> {
-        let written = match (&change.before, &change.after) {
-            (None, Some(after)) => self.api.create_claim(&self.object(after)),
-            (Some(before), Some(after)) if before.ip == after.ip => {
-                let mut obj = self.object(after);
-                obj.resource_version = Some(self.version_of(before.ip)?);
-                self.api.replace_claim(&obj)
+        match (&change.before, &change.after) {
+            (None, Some(after)) => self.create(after),
+            (Some(before), Some(after))
+                if before.ip == after.ip && before.identity == after.identity =>
+            {
+                if self.orphans.contains_key(&before.ip) {
+                    return self.create(after);
+                }
+                let rv = self.version_of(before.ip)?;
+                let obj = self
+                    .api
+                    .replace_claim(&self.object(after, Some(rv)))
+                    .map_err(StoreError::from)?;
+                self.remember(obj);
+                Ok(())
             }
             (Some(before), after) => {
-                let rv = self.version_of(before.ip)?;
-                self.api
-                    .delete_claim(&object_name(&self.network, before.ip), &rv)
-                    .map_err(StoreError::from)?;
-                self.versions.remove(&before.ip);
-                return match after {
-                    Some(after) => self.apply(&Change {
-                        before: None,
-                        after: Some(after.clone()),
-                    }),
+                self.remove(before)?;
+                match after {
+                    Some(after) => self.create(after),
                     None => Ok(()),
-                };
+                }
             }
-            (None, None) => return Ok(()),
-        };
-        let obj = written.map_err(StoreError::from)?;
-        if let Some(rv) = obj.resource_version {
-            self.versions.insert(obj.claim.ip, rv);
+            (None, None) => Ok(()),
         }
-        Ok(())
     }
 
     /// Best effort: puts back what this commit wrote before it lost a race.
@@ -136,91 +375,129 @@ impl<'a> KubeStore<'a> {
         }
     }
 
-    /// Identities that gained an address in `plan` (create-then-verify).
-    fn gained(plan: &Plan) -> BTreeSet<(String, Family)> {
-        plan.changes
+    /// A claim the plan relies on but does not write was read from the
+    /// node-local cache: the API must still say the same.
+    fn confirm_untouched(&mut self, plan: &Plan) -> StoreResult<()> {
+        let touched: BTreeSet<IpAddr> = plan
+            .changes
             .iter()
-            .filter_map(|c| {
-                let after = c.after.as_ref()?;
-                let same = c
-                    .before
-                    .as_ref()
-                    .is_some_and(|b| b.identity == after.identity && b.ip == after.ip);
-                (!same).then(|| (after.identity.clone(), Family::of(after.ip)))
-            })
-            .collect()
-    }
-
-    fn verify_single(&mut self, plan: &Plan) -> StoreResult<()> {
-        let identities: BTreeSet<String> =
-            Self::gained(plan).into_iter().map(|(id, _)| id).collect();
-        for identity in identities {
-            let objs = self
+            .filter_map(|c| c.before.as_ref().map(|b| b.ip))
+            .collect();
+        let unconfirmed: Vec<IpAddr> = self.from_cache.difference(&touched).copied().collect();
+        for ip in unconfirmed {
+            let Some(local) = self.local.as_mut() else {
+                continue;
+            };
+            let Ok(Some(cached)) = local.claim(ip) else {
+                continue;
+            };
+            let want = self.versions.get(&ip).cloned();
+            let got = self
                 .api
-                .list_claims(&identity_selector(&self.network, &identity))
+                .get_claim(&claim_name(&self.network, &cached.identity, Family::of(ip)))
                 .map_err(StoreError::from)?;
-            let mut per_family: BTreeMap<Family, Vec<IpAddr>> = BTreeMap::new();
-            for o in objs
-                .iter()
-                .filter(|o| o.network == self.network && o.claim.identity == identity)
-            {
-                per_family
-                    .entry(Family::of(o.claim.ip))
-                    .or_default()
-                    .push(o.claim.ip);
-            }
-            if let Some(ips) = per_family.values().find(|ips| ips.len() > 1) {
+            let same = got
+                .as_ref()
+                .is_some_and(|o| o.resource_version == want && o.claim == cached);
+            if !same {
                 return Err(StoreError::Conflict(format!(
-                    "identity {identity:?} was given {} at once by concurrent ADDs",
-                    ips.iter()
-                        .map(|ip| ip.to_string())
-                        .collect::<Vec<_>>()
-                        .join(" and ")
+                    "the node-local record of {ip} is stale: planning again from the API"
                 )));
             }
+            self.from_cache.remove(&ip);
         }
         Ok(())
     }
 
     /// Mirrors what the API now says into the node-local record, for
-    /// degraded mode; best effort, the API is the truth.
+    /// degraded mode and as the cache; best effort, the API is the truth.
     fn mirror(&mut self, plan: &Plan) {
-        let Some(local) = self.local.as_mut() else {
-            return;
-        };
         let mut changes = Vec::new();
-        for c in &plan.changes {
-            for ip in [c.before.as_ref(), c.after.as_ref()]
-                .into_iter()
-                .flatten()
-                .map(|x| x.ip)
-                .collect::<BTreeSet<_>>()
-            {
-                let after = c.after.as_ref().filter(|a| a.ip == ip).cloned();
-                match local.claim(ip) {
-                    Ok(before) if before != after => changes.push(Change { before, after }),
-                    Ok(_) => {}
-                    // A damaged local record is replaced by the API's truth.
-                    Err(_) => {
-                        let _ = local.remove_record(&super::file::claim_file_name(ip));
-                        changes.push(Change {
-                            before: None,
-                            after,
-                        });
+        let mut notes = Vec::new();
+        if let Some(local) = self.local.as_mut() {
+            for c in &plan.changes {
+                for ip in [c.before.as_ref(), c.after.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .map(|x| x.ip)
+                    .collect::<BTreeSet<_>>()
+                {
+                    let after = c.after.as_ref().filter(|a| a.ip == ip).cloned();
+                    notes.push((ip, after.is_some()));
+                    match local.claim(ip) {
+                        Ok(before) if before != after => changes.push(Change { before, after }),
+                        Ok(_) => {}
+                        // A damaged local record is replaced by the API's truth.
+                        Err(_) => {
+                            let _ = local.remove_record(&claim_file_name(ip));
+                            changes.push(Change {
+                                before: None,
+                                after,
+                            });
+                        }
                     }
                 }
             }
+            let local_plan = Plan {
+                changes,
+                cursors: plan.cursors.clone(),
+            };
+            if let Err(e) = local.commit(&local_plan) {
+                cni::log::warn(&format!(
+                    "node-local record of network {:?} not updated: {e}",
+                    self.network
+                ));
+            }
         }
-        let local_plan = Plan {
-            changes,
-            cursors: plan.cursors.clone(),
-        };
-        if let Err(e) = local.commit(&local_plan) {
-            cni::log::warn(&format!(
-                "node-local record of network {:?} not updated: {e}",
-                self.network
-            ));
+        for (ip, held) in notes {
+            let note = held
+                .then(|| self.versions.get(&ip).cloned())
+                .flatten()
+                .map(|rv| ApiNote {
+                    resource_version: rv,
+                    lock_uid: self.lock_uids.get(&ip).cloned(),
+                });
+            self.set_note(ip, note);
         }
+    }
+
+    /// Removes the locks no claim names that are older than `grace_secs`
+    /// (an ADD between its two creates is younger); the reconcile loop's
+    /// job. Returns the addresses freed.
+    pub fn sweep_orphan_locks(&mut self, grace_secs: u64) -> StoreResult<Vec<IpAddr>> {
+        self.list()?;
+        let now = now_secs();
+        let old: Vec<LockObject> = self
+            .orphans
+            .values()
+            .filter(|l| now.saturating_sub(l.created) > grace_secs)
+            .cloned()
+            .collect();
+        let mut freed = Vec::new();
+        for lock in old {
+            let Some(uid) = lock.uid.as_deref() else {
+                continue;
+            };
+            // An ADD may have adopted it since the listing.
+            let name = claim_name(&self.network, &lock.identity, Family::of(lock.ip));
+            if self
+                .api
+                .get_claim(&name)
+                .map_err(StoreError::from)?
+                .is_some_and(|o| o.claim.ip == lock.ip)
+            {
+                continue;
+            }
+            match self
+                .api
+                .delete_lock(&lock_name(&self.network, lock.ip), uid)
+            {
+                Ok(()) => freed.push(lock.ip),
+                Err(ApiError::Conflict(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(freed)
     }
 }
 
@@ -229,11 +506,27 @@ impl ClaimStore for KubeStore<'_> {
         if let Some(pool) = &self.pool {
             return Ok(pool.get(&ip).cloned());
         }
-        let got = self
-            .api
-            .get_claim(&object_name(&self.network, ip))
-            .map_err(StoreError::from)?;
-        Ok(self.remember(got.into_iter().collect()).pop())
+        let name = lock_name(&self.network, ip);
+        let Some(lock) = self.api.get_lock(&name).map_err(StoreError::from)? else {
+            return Ok(None);
+        };
+        if lock.network != self.network {
+            return Err(StoreError::Damaged(format!(
+                "iplock {name} belongs to network {:?}, not {:?}: two networks' names share a prefix; rename one of them",
+                lock.network, self.network
+            )));
+        }
+        if let Some(uid) = &lock.uid {
+            self.lock_uids.insert(ip, uid.clone());
+        }
+        match self.fetch(&lock.identity, Family::of(ip))? {
+            Some(c) if c.ip == ip => Ok(Some(c)),
+            _ => {
+                let orphan = orphan_claim(&lock);
+                self.orphans.insert(ip, lock);
+                Ok(Some(orphan))
+            }
+        }
     }
 
     fn candidate_taken(&mut self, ip: IpAddr) -> StoreResult<bool> {
@@ -244,38 +537,133 @@ impl ClaimStore for KubeStore<'_> {
         })
     }
 
+    /// From the node-local cache first; families it does not vouch for are
+    /// one GET each, except for an attachment-scoped (dynamic) identity,
+    /// which only this node's ADDs ever claim: its claim create is the check.
     fn claims_of_identity(&mut self, identity: &str) -> StoreResult<Vec<Claim>> {
-        let objs = self
-            .api
-            .list_claims(&identity_selector(&self.network, identity))
-            .map_err(StoreError::from)?;
-        let mut claims = self.remember(objs);
-        claims.retain(|c| c.identity == identity);
-        Ok(claims)
+        if let Some(pool) = &self.pool {
+            return Ok(pool
+                .values()
+                .filter(|c| c.identity == identity)
+                .cloned()
+                .collect());
+        }
+        let mut found = Vec::new();
+        if self.trust_cache {
+            let local = match self.local.as_mut() {
+                Some(local) => local.claims_of_identity(identity).unwrap_or_default(),
+                None => Vec::new(),
+            };
+            found = self.cached(local).0;
+            if is_attachment_scoped(identity) {
+                return Ok(found);
+            }
+        }
+        let missing: Vec<Family> = self
+            .families
+            .iter()
+            .copied()
+            .filter(|f| !found.iter().any(|c| Family::of(c.ip) == *f))
+            .collect();
+        for family in missing {
+            found.extend(self.fetch(identity, family)?);
+        }
+        Ok(found)
     }
 
+    /// The node-local record says which claims this node's attachment
+    /// holds (only this node's ADDs give it any); the cache or a GET by
+    /// name confirms each. Without a local record: one paged listing.
     fn claims_of_holder(&mut self, container_id: &str, ifname: &str) -> StoreResult<Vec<Claim>> {
-        let objs = self
-            .api
-            .list_claims(&holder_selector(&self.network, container_id, ifname))
-            .map_err(StoreError::from)?;
-        let mut claims = self.remember(objs);
-        claims.retain(|c| c.held_by(container_id, ifname));
-        Ok(claims)
+        if let Some(pool) = &self.pool {
+            return Ok(pool
+                .values()
+                .filter(|c| c.held_by(container_id, ifname))
+                .cloned()
+                .collect());
+        }
+        let Some(local) = self.local.as_mut() else {
+            let objs = self
+                .api
+                .list_claims(&holder_selector(&self.network, container_id, ifname))
+                .map_err(StoreError::from)?;
+            return Ok(objs
+                .into_iter()
+                .filter_map(|o| self.remember(o))
+                .filter(|c| c.held_by(container_id, ifname))
+                .collect());
+        };
+        let hinted = local
+            .claims_of_holder(container_id, ifname)
+            .unwrap_or_default();
+        let (mut held, unknown) = if self.trust_cache {
+            self.cached(hinted)
+        } else {
+            (Vec::new(), hinted)
+        };
+        for c in unknown {
+            if let Some(now) = self.fetch(&c.identity, Family::of(c.ip))? {
+                if now.ip == c.ip && now.held_by(container_id, ifname) {
+                    held.push(now);
+                }
+            }
+        }
+        Ok(held)
     }
 
     fn list(&mut self) -> StoreResult<Listing> {
-        let objs = self
-            .api
-            .list_claims(&network_selector(&self.network))
-            .map_err(StoreError::from)?;
-        let claims = self.remember(objs);
+        let selector = network_selector(&self.network);
+        let objs = self.api.list_claims(&selector).map_err(StoreError::from)?;
+        let locks = self.api.list_locks(&selector).map_err(StoreError::from)?;
+        let mut claims: Vec<Claim> = objs.into_iter().filter_map(|o| self.remember(o)).collect();
+        let mut damaged = Vec::new();
+        let by_ip: BTreeMap<IpAddr, &LockObject> = locks
+            .iter()
+            .filter(|l| l.network == self.network)
+            .map(|l| (l.ip, l))
+            .collect();
+        for c in &claims {
+            match by_ip.get(&c.ip) {
+                Some(l) if l.identity == c.identity => {}
+                other => damaged.push(Damaged {
+                    path: PathBuf::from(format!(
+                        "ipclaims/{}",
+                        claim_name(&self.network, &c.identity, Family::of(c.ip))
+                    )),
+                    why: match other {
+                        Some(l) => format!(
+                            "names {} but iplock {} is identity {:?}'s: delete the claim that should not exist",
+                            c.ip,
+                            lock_name(&self.network, c.ip),
+                            l.identity
+                        ),
+                        None => format!(
+                            "names {} but iplock {} is missing: re-create it or delete the claim",
+                            c.ip,
+                            lock_name(&self.network, c.ip)
+                        ),
+                    },
+                }),
+            }
+        }
+        self.orphans.clear();
+        for lock in by_ip.values() {
+            if let Some(uid) = &lock.uid {
+                self.lock_uids.insert(lock.ip, uid.clone());
+            }
+            if !claims
+                .iter()
+                .any(|c| c.ip == lock.ip && c.identity == lock.identity)
+            {
+                claims.push(orphan_claim(lock));
+                self.orphans.insert(lock.ip, (*lock).clone());
+            }
+        }
+        claims.sort_by_key(|c| c.ip);
         self.pool = Some(claims.iter().map(|c| (c.ip, c.clone())).collect());
         self.taken = None;
-        Ok(Listing {
-            claims,
-            damaged: Vec::<Damaged>::new(),
-        })
+        self.from_cache.clear();
+        Ok(Listing { claims, damaged })
     }
 
     fn cursor(&mut self, set: usize) -> StoreResult<Option<IpAddr>> {
@@ -287,6 +675,7 @@ impl ClaimStore for KubeStore<'_> {
     }
 
     fn commit(&mut self, plan: &Plan) -> StoreResult<()> {
+        self.confirm_untouched(plan)?;
         let mut applied = Vec::new();
         for change in &plan.changes {
             if let Err(e) = self.apply(change) {
@@ -298,26 +687,28 @@ impl ClaimStore for KubeStore<'_> {
         if plan.changes.iter().any(|c| c.before.is_none()) {
             cni::fault::point(cni::fault::ADD_IDENTITY_RECORDED);
         }
-        if let Err(e) = self.verify_single(plan) {
-            self.roll_back(&applied);
-            return Err(e);
-        }
         self.mirror(plan);
         Ok(())
     }
 
-    /// After a lost race, next-fit needs to know which addresses are
-    /// taken, not the claims: a paged listing of the addresses alone keeps
-    /// this path's memory flat at 60,000 claims. Claims the replan reads
-    /// are fetched afresh.
+    /// After a lost race the plan is made again from the API alone. Only
+    /// a lost lock create (a taken candidate) needs to know which addresses
+    /// are taken: a paged listing of the addresses alone keeps this path's
+    /// memory flat at 60,000 claims.
     fn conflicted(&mut self) -> StoreResult<()> {
         self.versions.clear();
+        self.lock_uids.clear();
+        self.orphans.clear();
+        self.from_cache.clear();
+        self.trust_cache = false;
         self.pool = None;
-        let taken = self
-            .api
-            .taken_addresses(&network_selector(&self.network))
-            .map_err(StoreError::from)?;
-        self.taken = Some(taken);
+        if std::mem::take(&mut self.collided) {
+            let taken = self
+                .api
+                .taken_addresses(&network_selector(&self.network))
+                .map_err(StoreError::from)?;
+            self.taken = Some(taken);
+        }
         Ok(())
     }
 }
@@ -346,7 +737,7 @@ mod tests {
     use crate::claim::Holder;
     use crate::config::IpamConfig;
     use crate::engine::{plan_add, plan_del, AddRequest};
-    use crate::identity::{Identity, IdentitySource};
+    use crate::identity::{dynamic_key, Identity, IdentitySource};
     use crate::kube::fake::FakeApi;
     use crate::kube::liveness::KubeInspector;
     use crate::liveness::{Caller, NodeFacts};
@@ -408,13 +799,66 @@ mod tests {
         }
     }
 
-    /// ADD as cni_ipam does it, without the retry loop.
-    fn add_once(api: &FakeApi, r: &AddRequest) -> crate::store::PlanResult<Vec<IpAddr>> {
-        let mut store = KubeStore::new(api, "macnet", None, vec![None]);
+    /// A node's local directory (the node-local record and its cache),
+    /// removed on drop.
+    struct Node {
+        dir: PathBuf,
+    }
+
+    impl Node {
+        fn new() -> Node {
+            use std::sync::atomic::{AtomicUsize, Ordering};
+            static N: AtomicUsize = AtomicUsize::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "sticky-ipam-kube-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            Node { dir }
+        }
+
+        fn store<'a>(&self, api: &'a FakeApi) -> KubeStore<'a> {
+            let local = FileStore::open(&self.dir, "macnet").unwrap();
+            KubeStore::new(
+                api,
+                "macnet",
+                Some(local),
+                vec![Some("10.0.0.12".parse().unwrap())],
+            )
+        }
+    }
+
+    /// ADD as cni_ipam does it, with its retries.
+    fn add(
+        api: &FakeApi,
+        on: Option<&Node>,
+        r: &AddRequest,
+    ) -> crate::store::PlanResult<Vec<IpAddr>> {
+        let mut store = match on {
+            Some(n) => n.store(api),
+            None => KubeStore::new(api, "macnet", None, vec![None]),
+        };
         let inspector = KubeInspector::new(api, node(&r.holder.node));
-        let (plan, grants) = plan_add(&conf(), &mut store, &inspector, r)?;
-        store.commit(&plan)?;
+        let (_, grants) = crate::store::retry::with_retries(&mut store, "ADD", |s| {
+            plan_add(&conf(), s, &inspector, r)
+        })?;
         Ok(grants.iter().map(|g| g.ip).collect())
+    }
+
+    fn del(api: &FakeApi, on: &Node, cid: &str) {
+        let mut store = on.store(api);
+        crate::store::retry::with_retries(&mut store, "DEL", |s| {
+            plan_del(s, cid, "net1", 2).map(|p| (p, ()))
+        })
+        .unwrap();
+    }
+
+    /// How many requests `f` makes, and which.
+    fn counted<T>(api: &FakeApi, f: impl FnOnce() -> T) -> (T, Vec<String>) {
+        api.calls.borrow_mut().clear();
+        let out = f();
+        (out, api.calls.borrow().clone())
     }
 
     fn per_identity(api: &FakeApi) -> BTreeMap<String, usize> {
@@ -425,27 +869,104 @@ mod tests {
         n
     }
 
+    /// Every claim's address is locked for its identity, and every lock
+    /// is named by a claim (no orphans after a clean run).
+    fn locks_match(api: &FakeApi) {
+        let claims = api.claims.borrow();
+        let locks = api.locks.borrow();
+        assert_eq!(claims.len(), locks.len(), "{claims:?} {locks:?}");
+        for o in claims.values() {
+            let lock = &locks[&lock_name("macnet", o.claim.ip)];
+            assert_eq!(lock.identity, o.claim.identity);
+            assert_eq!(o.lock_uid, lock.uid);
+        }
+    }
+
     #[test]
     fn request_counts_on_the_common_paths() {
         let api = FakeApi::default();
+        let n1 = Node::new();
         running(&api, "rs0-0", "n1");
-        let first = add_once(&api, &req("peer-a", true, "rs0-0", "n1")).unwrap();
-        // list by identity, create, list to verify
-        assert_eq!(api.calls.borrow().len(), 3, "{:?}", api.calls.borrow());
-        api.calls.borrow_mut().clear();
-        // Same pod, new sandbox: list by identity, replace the holder.
+        // Sticky, first ADD ever: look for the identity's claim, lock, claim.
+        let (first, calls) = counted(&api, || {
+            add(&api, Some(&n1), &req("peer-a", true, "rs0-0", "n1")).unwrap()
+        });
+        assert_eq!(calls.len(), 3, "{calls:?}");
+        // Same pod, new sandbox: one write, on the cached resourceVersion.
         let mut again = req("peer-a", true, "rs0-0", "n1");
         again.holder.container_id = "c-new".into();
-        assert_eq!(add_once(&api, &again).unwrap(), first);
-        assert_eq!(api.calls.borrow().len(), 2, "{:?}", api.calls.borrow());
-        api.calls.borrow_mut().clear();
-        // DEL: list by holder, replace (sticky: reserved).
-        let mut store = KubeStore::new(&api, "macnet", None, vec![None]);
-        let plan = plan_del(&mut store, "c-new", "net1", 2).unwrap();
-        store.commit(&plan).unwrap();
-        assert_eq!(api.calls.borrow().len(), 2, "{:?}", api.calls.borrow());
+        let (second, calls) = counted(&api, || add(&api, Some(&n1), &again).unwrap());
+        assert_eq!(second, first);
+        assert_eq!(
+            calls,
+            vec![format!(
+                "replace {}",
+                claim_name("macnet", "peer-a", Family::V4)
+            )]
+        );
+        // DEL: one write (sticky: reserved).
+        let ((), calls) = counted(&api, || del(&api, &n1, "c-new"));
+        assert_eq!(calls.len(), 1, "{calls:?}");
         let stored = api.claims.borrow().values().next().cloned().unwrap();
         assert!(stored.claim.holder.is_none() && stored.claim.sticky);
+        // A second DEL of the same attachment: nothing to ask.
+        let ((), calls) = counted(&api, || del(&api, &n1, "c-new"));
+        assert!(calls.is_empty(), "{calls:?}");
+        // Dynamic: lock and claim; its DEL deletes both.
+        let key = dynamic_key("c-web", "net1");
+        let (_, calls) = counted(&api, || {
+            add(&api, Some(&n1), &req(&key, false, "web", "n1")).unwrap()
+        });
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        let ((), calls) = counted(&api, || del(&api, &n1, "c-web"));
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        // Takeover on another node, old pod gone: the claim, the old pod, one write.
+        api.pods.borrow_mut().clear();
+        running(&api, "rs0-1", "n2");
+        let n2 = Node::new();
+        let (moved, calls) = counted(&api, || {
+            add(&api, Some(&n2), &req("peer-a", true, "rs0-1", "n2")).unwrap()
+        });
+        assert_eq!(moved, first);
+        assert_eq!(
+            calls.len(),
+            2,
+            "the claim is reserved, so no pod lookup: {calls:?}"
+        );
+        locks_match(&api);
+        // No listing anywhere on these paths.
+        assert_eq!(api.count("list"), 0);
+    }
+
+    #[test]
+    fn a_stale_node_local_cache_is_caught_by_the_precondition() {
+        let api = FakeApi::default();
+        let (n1, n2) = (Node::new(), Node::new());
+        running(&api, "a", "n1");
+        let first = add(&api, Some(&n1), &req("peer", true, "a", "n1")).unwrap();
+        // The pod moves to n2 (its pod on n1 is gone), n2 takes the claim over.
+        api.pods.borrow_mut().clear();
+        running(&api, "b", "n2");
+        assert_eq!(
+            add(&api, Some(&n2), &req("peer", true, "b", "n2")).unwrap(),
+            first
+        );
+        // n1's cache still says the claim is its pod's: its re-ADD for the
+        // old pod must not be served from it.
+        let e = add(&api, Some(&n1), &req("peer", true, "a", "n1")).unwrap_err();
+        let e = cni::CniError::from(e);
+        assert_eq!(e.code, cni::code::TRY_AGAIN_LATER, "{}", e.msg);
+        assert!(e.msg.contains("ns/b"), "{}", e.msg);
+        // And a retried ADD of the very attachment n1 recorded (the plan
+        // writes nothing) is checked against the API too.
+        let mut retried = req("peer", true, "a", "n1");
+        retried.holder.container_id = "c-a".into();
+        let e = cni::CniError::from(add(&api, Some(&n1), &retried).unwrap_err());
+        assert_eq!(e.code, cni::code::TRY_AGAIN_LATER, "{}", e.msg);
+        // n1's DEL of its old sandbox leaves n2's claim alone.
+        del(&api, &n1, "c-a");
+        let stored = api.claims.borrow().values().next().cloned().unwrap();
+        assert_eq!(stored.claim.holder.unwrap().node, "n2");
     }
 
     #[test]
@@ -464,7 +985,7 @@ mod tests {
         );
         let insp_a = KubeInspector::new(&api, node("n1"));
         let (plan_a, _) = plan_add(&conf(), &mut store_a, &insp_a, &ra).unwrap();
-        let got_b = add_once(&api, &rb).unwrap();
+        let got_b = add(&api, None, &rb).unwrap();
         let e = store_a.commit(&plan_a).unwrap_err();
         assert!(matches!(e, StoreError::Conflict(_)), "{e}");
         assert_eq!(per_identity(&api)["shared"], 1);
@@ -472,6 +993,8 @@ mod tests {
             api.claims.borrow().values().next().unwrap().claim.ip,
             got_b[0]
         );
+        // n1's lock on the address it planned is gone again.
+        locks_match(&api);
         // Planned again, n1 finds the identity held by a running pod: 11.
         store_a.conflicted().unwrap();
         let e = cni::CniError::from(plan_add(&conf(), &mut store_a, &insp_a, &ra).unwrap_err());
@@ -492,21 +1015,62 @@ mod tests {
         let insp = KubeInspector::new(&api, node("n1"));
         let (plan, _) = plan_add(&conf, &mut store, &insp, &r).unwrap();
         assert_eq!(plan.changes.len(), 2);
-        // The v6 address is taken between planning and commit.
+        // The v6 address is locked by someone else between planning and commit.
         let v6 = plan.changes[1].after.clone().unwrap();
-        let mut other = v6.clone();
-        other.identity = "someone-else".into();
-        api.create_claim(&ClaimObject {
+        api.create_lock(&LockObject {
             network: "macnet".into(),
-            claim: other,
-            resource_version: None,
+            ip: v6.ip,
+            identity: "someone-else".into(),
+            created: 1,
+            uid: None,
         })
         .unwrap();
         let e = store.commit(&plan).unwrap_err();
         assert!(matches!(e, StoreError::Conflict(_)), "{e}");
-        // The v4 claim it had created is gone again: nothing half-done.
-        assert_eq!(api.claims.borrow().len(), 1);
-        assert_eq!(per_identity(&api).get("dual"), None);
+        // The v4 claim and lock it had created are gone again: nothing half-done.
+        assert!(api.claims.borrow().is_empty());
+        assert_eq!(api.locks.borrow().len(), 1);
+        // The replan knows which addresses are taken and succeeds.
+        store.conflicted().unwrap();
+        let (plan, grants) = plan_add(&conf, &mut store, &insp, &r).unwrap();
+        store.commit(&plan).unwrap();
+        assert!(grants.iter().all(|g| g.ip != v6.ip));
+        assert_eq!(per_identity(&api)["dual"], 2);
+    }
+
+    #[test]
+    fn an_orphan_lock_keeps_its_address_until_reconcile_sweeps_it() {
+        let api = FakeApi::default();
+        let n1 = Node::new();
+        // An ADD that crashed between its lock and its claim.
+        let ip: IpAddr = "10.0.0.13".parse().unwrap();
+        api.create_lock(&LockObject {
+            network: "macnet".into(),
+            ip,
+            identity: "crashed".into(),
+            created: 1,
+            uid: None,
+        })
+        .unwrap();
+        // Next-fit from .12 skips the locked .13.
+        running(&api, "x", "n1");
+        running(&api, "y", "n1");
+        let a = add(&api, Some(&n1), &req("x", true, "x", "n1")).unwrap();
+        let b = add(&api, Some(&n1), &req("y", true, "y", "n1")).unwrap();
+        assert!(!a.contains(&ip) && !b.contains(&ip), "{a:?} {b:?}");
+        let mut store = n1.store(&api);
+        let listing = store.list().unwrap();
+        assert!(listing
+            .claims
+            .iter()
+            .any(|c| c.ip == ip && c.identity == "crashed" && c.holder.is_none()));
+        // A fresh lock survives the sweep, an old one does not.
+        assert_eq!(
+            store.sweep_orphan_locks(now_secs()).unwrap(),
+            Vec::<IpAddr>::new()
+        );
+        assert_eq!(store.sweep_orphan_locks(60).unwrap(), vec![ip]);
+        locks_match(&api);
     }
 
     #[test]
@@ -515,29 +1079,17 @@ mod tests {
         for i in 0..10 {
             api.inject_conflicts.set(i % 3);
             let r = req(&format!("id-{i}"), false, &format!("p{i}"), "n1");
-            let mut done = None;
-            let mut store = KubeStore::new(&api, "macnet", None, vec![None]);
-            for _ in 0..5 {
-                let insp = KubeInspector::new(&api, node("n1"));
-                match plan_add(&conf(), &mut store, &insp, &r).and_then(|(p, g)| {
-                    store.commit(&p)?;
-                    Ok(g)
-                }) {
-                    Ok(g) => {
-                        done = Some(g);
-                        break;
-                    }
-                    Err(crate::store::PlanError::Store(StoreError::Conflict(_))) => {
-                        store.conflicted().unwrap()
-                    }
-                    Err(e) => panic!("{e}"),
-                }
-            }
-            assert!(done.is_some(), "ADD {i} never committed");
+            assert!(add(&api, None, &r).is_ok(), "ADD {i} never committed");
         }
-        let claims = api.claims.borrow();
-        assert_eq!(claims.len(), 10);
+        assert_eq!(api.claims.borrow().len(), 10);
         assert!(per_identity(&api).values().all(|n| *n == 1));
+        locks_match(&api);
+    }
+
+    impl Drop for Node {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 
     #[test]

@@ -20,10 +20,10 @@ pub fn with_retries<T>(
 ) -> PlanResult<(Plan, T)> {
     let mut last = String::new();
     for attempt in 0..MAX_ATTEMPTS {
+        // Even an empty plan is committed: a store that planned from a
+        // cache confirms there what the plan relied on.
         let outcome = plan(store).and_then(|(p, t)| {
-            if !p.is_empty() {
-                store.commit(&p)?;
-            }
+            store.commit(&p)?;
             Ok((p, t))
         });
         match outcome {

@@ -434,6 +434,24 @@ impl State {
                     Ok(current) => current,
                     Err(reply) => return reply,
                 };
+                let want_uid = parsed
+                    .as_ref()
+                    .and_then(|b| b.pointer("/preconditions/uid"))
+                    .and_then(Value::as_str);
+                let have_uid = current
+                    .pointer("/metadata/uid")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                if let Some(w) = want_uid.filter(|w| *w != have_uid) {
+                    return status(
+                        409,
+                        "Conflict",
+                        format!(
+                            "Operation cannot be fulfilled on {} \"{name}\": Precondition failed: UID in precondition: {w}, UID in object meta: {have_uid}",
+                            t.resource
+                        ),
+                    );
+                }
                 let has_finalizers = current
                     .pointer("/metadata/finalizers")
                     .and_then(Value::as_array)
