@@ -420,8 +420,9 @@ fn api_faults_keep_the_invariants() {
             json!({"fault": "error500", "verbs": ["update"], "chance": 0.4, "after": true}),
         ),
         (
-            "500 before list",
-            json!({"fault": "error500", "verbs": ["list"], "chance": 0.4}),
+            // The ADD and DEL paths read by name (GET), never by LIST.
+            "500 before get",
+            json!({"fault": "error500", "verbs": ["get"], "chance": 0.4}),
         ),
         (
             "slow create, past the deadline, after",

@@ -20,7 +20,7 @@ use crate::kube::{ApiError, KubeApi};
 use crate::liveness::{Caller, NodeFacts};
 use crate::pod::PodFacts;
 use crate::store::file::FileStore;
-use crate::store::ipclaim::node_offset;
+use crate::store::ipclaim::{confirmed_locally, node_offset};
 use crate::store::retry::with_retries;
 use crate::store::{api_unreachable, ClaimStore, Plan, PlanError, PlanResult, StoreError};
 use crate::system::{netns_id, node_facts};
@@ -359,7 +359,9 @@ impl StickyIpam {
                 ),
             ));
         };
-        let listing = local.list()?;
+        let mut listing = local.list()?;
+        // Only what the API confirmed, never an ADD's recorded intent.
+        listing.claims.retain(|c| confirmed_locally(&local, c.ip));
         let (plan, grants) = plan_degraded(&self.conf, &listing.claims, req, &self.node.node, why)?;
         local.commit(&plan)?;
         cni::log::warn(&format!(

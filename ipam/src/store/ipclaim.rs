@@ -87,6 +87,8 @@ pub struct KubeStore<'a> {
     taken: Option<BTreeSet<IpAddr>>,
     /// Node-local record and next-fit cursors (no API request).
     local: Option<FileStore>,
+    /// What the node-local record said before this commit's intent.
+    prior: Vec<(IpAddr, Option<Claim>)>,
     /// Where next-fit starts on this node before it has a cursor, so
     /// nodes do not all race for the same first address.
     first_cursors: Vec<Option<IpAddr>>,
@@ -137,6 +139,7 @@ impl<'a> KubeStore<'a> {
             pool: None,
             taken: None,
             local,
+            prior: Vec::new(),
             first_cursors,
         }
     }
@@ -172,8 +175,7 @@ impl<'a> KubeStore<'a> {
     }
 
     fn note_path(&self, ip: IpAddr) -> Option<PathBuf> {
-        let local = self.local.as_ref()?;
-        Some(local.root().join("api").join(claim_file_name(ip)))
+        self.local.as_ref().map(|local| note_path(local, ip))
     }
 
     fn note(&self, ip: IpAddr) -> Option<ApiNote> {
@@ -275,6 +277,9 @@ impl<'a> KubeStore<'a> {
                 // The identity has a claim in this family already. If it
                 // names this address, another ADD of the identity adopted
                 // our lock: it is that claim's now.
+                // No answer: the claim may have been made, so its lock stays
+                // (an orphan, if not, that reconcile removes).
+                let maybe_made = matches!(e, ApiError::Unreachable(_));
                 let adopted_by_other = matches!(e, ApiError::Conflict(_))
                     && !adopted
                     && self
@@ -283,7 +288,7 @@ impl<'a> KubeStore<'a> {
                         .ok()
                         .flatten()
                         .is_some_and(|o| o.claim.ip == ip);
-                if !adopted && !adopted_by_other {
+                if !adopted && !adopted_by_other && !maybe_made {
                     self.unlock(ip, &after.identity);
                 }
                 Err(e.into())
@@ -409,50 +414,100 @@ impl<'a> KubeStore<'a> {
         Ok(())
     }
 
-    /// Mirrors what the API now says into the node-local record, for
-    /// degraded mode and as the cache; best effort, the API is the truth.
-    fn mirror(&mut self, plan: &Plan) {
+    /// Sets the node-local record's claims on these addresses (None:
+    /// none); best effort, the API is the truth.
+    fn record_locally(&mut self, targets: &[(IpAddr, Option<Claim>)], cursors: &[(usize, IpAddr)]) {
+        let Some(local) = self.local.as_mut() else {
+            return;
+        };
         let mut changes = Vec::new();
-        let mut notes = Vec::new();
-        if let Some(local) = self.local.as_mut() {
-            for c in &plan.changes {
-                for ip in [c.before.as_ref(), c.after.as_ref()]
-                    .into_iter()
-                    .flatten()
-                    .map(|x| x.ip)
-                    .collect::<BTreeSet<_>>()
-                {
-                    let after = c.after.as_ref().filter(|a| a.ip == ip).cloned();
-                    notes.push((ip, after.is_some()));
-                    match local.claim(ip) {
-                        Ok(before) if before != after => changes.push(Change { before, after }),
-                        Ok(_) => {}
-                        // A damaged local record is replaced by the API's truth.
-                        Err(_) => {
-                            let _ = local.remove_record(&claim_file_name(ip));
-                            changes.push(Change {
-                                before: None,
-                                after,
-                            });
-                        }
-                    }
+        for (ip, after) in targets {
+            match local.claim(*ip) {
+                Ok(before) if before != *after => changes.push(Change {
+                    before,
+                    after: after.clone(),
+                }),
+                Ok(_) => {}
+                // A damaged local record is replaced by the API's truth.
+                Err(_) => {
+                    let _ = local.remove_record(&claim_file_name(*ip));
+                    changes.push(Change {
+                        before: None,
+                        after: after.clone(),
+                    });
                 }
             }
-            let local_plan = Plan {
-                changes,
-                cursors: plan.cursors.clone(),
-            };
-            if let Err(e) = local.commit(&local_plan) {
-                cni::log::warn(&format!(
-                    "node-local record of network {:?} not updated: {e}",
-                    self.network
-                ));
+        }
+        let plan = Plan {
+            changes,
+            cursors: cursors.to_vec(),
+        };
+        if let Err(e) = local.commit(&plan) {
+            cni::log::warn(&format!(
+                "node-local record of network {:?} not updated: {e}",
+                self.network
+            ));
+        }
+    }
+
+    /// The claims a plan gives a holder.
+    fn grants(plan: &Plan) -> Vec<Claim> {
+        plan.changes
+            .iter()
+            .filter_map(|c| c.after.clone().filter(|a| a.holder.is_some()))
+            .collect()
+    }
+
+    /// Before the API is written: every claim the plan gives a holder is
+    /// recorded on the node first, without its cache entry, so a crash
+    /// after the API's answer still leaves the node's DEL something to
+    /// release (it asks the API by name, there being no cache entry).
+    fn record_intent(&mut self, plan: &Plan) {
+        self.prior.clear();
+        let Some(local) = self.local.as_mut() else {
+            return;
+        };
+        let mut targets = Vec::new();
+        for after in Self::grants(plan) {
+            let prior = local.claim(after.ip).ok().flatten();
+            self.prior.push((after.ip, prior));
+            targets.push((after.ip, Some(after)));
+        }
+        for (ip, _) in &targets {
+            self.set_note(*ip, None);
+        }
+        if !targets.is_empty() {
+            self.record_locally(&targets, &[]);
+        }
+    }
+
+    /// The API refused the plan: the node's record goes back to what it
+    /// was (its cache entries stay gone: the next ADD asks the API).
+    fn forget_intent(&mut self) {
+        let prior = std::mem::take(&mut self.prior);
+        if !prior.is_empty() {
+            self.record_locally(&prior, &[]);
+        }
+    }
+
+    /// After the API took the plan: the node-local record (for degraded
+    /// mode and as the cache) says what the API now says.
+    fn mirror(&mut self, plan: &Plan) {
+        let mut targets = Vec::new();
+        for c in &plan.changes {
+            for ip in [c.before.as_ref(), c.after.as_ref()]
+                .into_iter()
+                .flatten()
+                .map(|x| x.ip)
+                .collect::<BTreeSet<_>>()
+            {
+                targets.push((ip, c.after.as_ref().filter(|a| a.ip == ip).cloned()));
             }
         }
-        for (ip, held) in notes {
-            let note = held
-                .then(|| self.versions.get(&ip).cloned())
-                .flatten()
+        self.record_locally(&targets, &plan.cursors);
+        for (ip, after) in targets {
+            let note = after
+                .and_then(|_| self.versions.get(&ip).cloned())
                 .map(|rv| ApiNote {
                     resource_version: rv,
                     lock_uid: self.lock_uids.get(&ip).cloned(),
@@ -676,10 +731,17 @@ impl ClaimStore for KubeStore<'_> {
 
     fn commit(&mut self, plan: &Plan) -> StoreResult<()> {
         self.confirm_untouched(plan)?;
+        self.record_intent(plan);
         let mut applied = Vec::new();
         for change in &plan.changes {
             if let Err(e) = self.apply(change) {
                 self.roll_back(&applied);
+                // An answer that never came may hide a write that was
+                // made: the record keeps the intent, and the node's DEL
+                // asks the API by name.
+                if !matches!(e, StoreError::Unreachable(_)) {
+                    self.forget_intent();
+                }
                 return Err(e);
             }
             applied.push(change.clone());
@@ -711,6 +773,17 @@ impl ClaimStore for KubeStore<'_> {
         }
         Ok(())
     }
+}
+
+/// Whether the node-local record's claim on `ip` is one the API confirmed
+/// (it has a cache entry), not an intent recorded before an ADD the API
+/// may never have seen: degraded mode serves only confirmed ones.
+pub fn confirmed_locally(local: &FileStore, ip: IpAddr) -> bool {
+    note_path(local, ip).is_file()
+}
+
+fn note_path(local: &FileStore, ip: IpAddr) -> PathBuf {
+    local.root().join("api").join(claim_file_name(ip))
 }
 
 /// Where this node's next-fit starts in a range set of `size` addresses
