@@ -57,6 +57,8 @@ pub struct KubeApi {
     pub network: String,
     /// `ipam.store.timeoutMs` for the scenarios' plugins.
     pub request_timeout_ms: std::cell::Cell<u64>,
+    /// Namespaces made so far (the real server has only the built-in ones).
+    namespaces: std::cell::RefCell<std::collections::BTreeSet<String>>,
 }
 
 pub fn standin_binary() -> PathBuf {
@@ -316,6 +318,7 @@ impl Topology {
             netns: api,
             network: "macnet".into(),
             request_timeout_ms: std::cell::Cell::new(10_000),
+            namespaces: std::cell::RefCell::new(["default".to_string()].into()),
         };
         api.wait_until("kube-apiserver to be ready", Duration::from_secs(90), |a| {
             a.try_request("GET", "/readyz", None)
@@ -370,6 +373,7 @@ impl Topology {
             netns: api,
             network: "macnet".into(),
             request_timeout_ms: std::cell::Cell::new(10_000),
+            namespaces: std::cell::RefCell::new(["default".to_string()].into()),
         };
         let ca = self.state_dir.join("ca.crt");
         std::fs::write(&ca, STANDIN_CA).expect("write ca.crt");
@@ -431,6 +435,26 @@ fn parse_answer(raw: &[u8]) -> (u16, Value) {
 }
 
 impl KubeApi {
+    /// Namespace `ns` with the default service account pod admission wants
+    /// (no controller makes it here); once per namespace.
+    fn ensure_namespace(&self, ns: &str) {
+        if !self.is_real() || !self.namespaces.borrow_mut().insert(ns.to_string()) {
+            return;
+        }
+        let (code, out) = self.request(
+            "POST",
+            "/api/v1/namespaces",
+            Some(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})),
+        );
+        assert!(code == 201 || code == 409, "create namespace {ns}: {out}");
+        let (code, out) = self.request(
+            "POST",
+            &format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+            Some(&json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})),
+        );
+        assert!(code == 201 || code == 409, "create {ns}/default: {out}");
+    }
+
     /// The name of test node `i` (1-based).
     pub fn node(&self, i: usize) -> String {
         format!("node{i}")
@@ -603,6 +627,7 @@ impl KubeApi {
         owner: Option<(&str, &str)>,
         annotation: Option<&str>,
     ) -> String {
+        self.ensure_namespace(ns);
         let mut meta = json!({"name": name, "namespace": ns,
                               "finalizers": ["e2e.sticky-macvlan.io/kubelet"]});
         if let Some((set, uid)) = owner {
@@ -629,6 +654,7 @@ impl KubeApi {
     /// A StatefulSet with no replicas of its own (the scenarios create its
     /// pods, bound to test nodes, as its controller would).
     pub fn add_stateful_set(&self, ns: &str, name: &str) -> String {
+        self.ensure_namespace(ns);
         let set = self.create(
             &format!("/apis/apps/v1/namespaces/{ns}/statefulsets"),
             json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
