@@ -11,6 +11,7 @@
 pub mod cni;
 pub mod kube_api;
 pub mod local_cluster;
+pub mod pod_start;
 pub mod report;
 pub mod requests;
 pub mod runtime;

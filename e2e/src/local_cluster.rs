@@ -368,6 +368,25 @@ impl LocalCluster {
             .collect()
     }
 
+    /// Deletes the IPClaims of namespace NS and then their addresses'
+    /// IPLocks, as a release does (sticky claims outlive their pods, and a
+    /// test or benchmark round cleans up after itself).
+    pub fn release_claims_of_namespace(&self, ns: &str) {
+        for claim in self.ipclaims() {
+            if claim["spec"]["namespace"] != ns {
+                continue;
+            }
+            if let Some(name) = claim["metadata"]["name"].as_str() {
+                let _ = self.try_kubectl(&["delete", "ipclaim", name, "--wait=false"]);
+            }
+            let network = claim["spec"]["network"].as_str().unwrap_or_default();
+            if let Ok(ip) = claim["spec"]["ip"].as_str().unwrap_or_default().parse() {
+                let lock = sticky_ipam::kube::lock_name(network, ip);
+                let _ = self.try_kubectl(&["delete", "iplock", &lock, "--wait=false"]);
+            }
+        }
+    }
+
     /// "thin" or "thick": how the cluster runs Multus (`up --multus`).
     pub fn multus_mode(&self) -> String {
         std::fs::read_to_string(self.root.join(".cluster/multus.mode"))

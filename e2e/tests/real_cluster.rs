@@ -178,23 +178,7 @@ struct ClaimsOf<'a> {
 
 impl Drop for ClaimsOf<'_> {
     fn drop(&mut self) {
-        for claim in self.c.ipclaims() {
-            if claim["spec"]["namespace"] == self.ns.as_str() {
-                if let Some(name) = claim["metadata"]["name"].as_str() {
-                    let _ = self
-                        .c
-                        .try_kubectl(&["delete", "ipclaim", name, "--wait=false"]);
-                }
-                // Then its address's lock, as a release does.
-                let network = claim["spec"]["network"].as_str().unwrap_or_default();
-                if let Ok(ip) = claim["spec"]["ip"].as_str().unwrap_or_default().parse() {
-                    let lock = sticky_ipam::kube::lock_name(network, ip);
-                    let _ = self
-                        .c
-                        .try_kubectl(&["delete", "iplock", &lock, "--wait=false"]);
-                }
-            }
-        }
+        self.c.release_claims_of_namespace(&self.ns);
     }
 }
 
@@ -1727,4 +1711,35 @@ fn kill_sandbox(pod_uid: &str) {
         }
     }
     assert!(killed > 0, "no pause process of pod {pod_uid} found");
+}
+
+/// The pod-start comparison of `scripts/bench.sh --cluster` on a small
+/// shape, so it cannot rot: every contender's pods start and come back,
+/// and ours come back with the addresses they had (Whereabouts' and
+/// host-local's are recorded, not asserted).
+#[test]
+fn pod_start_comparison_runs_and_ours_come_back_on_their_addresses() {
+    use sticky_e2e::pod_start::{run, Contender, Shape};
+    let Some(c) = cluster("pod_start_comparison_runs_and_ours_come_back_on_their_addresses") else {
+        return;
+    };
+    let rounds = run(
+        &c,
+        Shape {
+            groups: 2,
+            replicas: 2,
+            rounds: 1,
+        },
+    );
+    assert_eq!(rounds.len(), 3);
+    for r in &rounds {
+        assert_eq!(r.pods, 4);
+        if r.contender == Contender::Ours {
+            assert_eq!(r.same_addresses, r.pods, "ours came back elsewhere: {r:?}");
+        }
+    }
+    assert!(
+        c.bound_claims("ps-ours").is_empty(),
+        "the round left claims behind"
+    );
 }

@@ -115,7 +115,7 @@ impl KubeClient {
         let client = {
             // Building the client spawns nothing but needs a runtime context.
             let _guard = runtime.enter();
-            Client::try_from(config)
+            nodelay_client(config)
                 .map_err(|e| ApiError::Client(format!("kube client for {server}: {e}")))?
         };
         Ok(KubeClient {
@@ -212,6 +212,30 @@ impl KubeClient {
             }
         }
     }
+}
+
+/// The kube crate's client stack (base URI, credentials, impersonation
+/// headers) over a connector with TCP_NODELAY. Its own builder leaves Nagle
+/// on, and the TLS Finished and the first request then go out as two small
+/// writes: the request waits for the server's delayed ACK, 40 ms on Linux,
+/// which was most of an ADD's time against kube-apiserver (BENCHMARKS.md 5).
+fn nodelay_client(config: Config) -> Result<Client, kube::Error> {
+    use kube::client::ConfigExt;
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(config.connect_timeout);
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let hyper: hyper_util::client::legacy::Client<_, kube::client::Body> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build(https);
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(hyper);
+    Ok(Client::new(service, config.default_namespace))
 }
 
 /// A 404 on the collection itself (list, create) means the resource type
