@@ -305,14 +305,7 @@ impl KubeApi for KubeClient {
             &format!("list iplocks {selector}"),
             selector,
             |o| {
-                let ip = o.spec.ip.parse().map_err(|_| {
-                    ApiError::Refused(format!(
-                        "iplock {}: spec.ip {:?} is not an address: delete the object, reconcile re-creates what a claim needs",
-                        o.metadata.name.as_deref().unwrap_or("?"),
-                        o.spec.ip
-                    ))
-                })?;
-                taken.insert(ip);
+                taken.insert(from_lock(o).map_err(ApiError::Refused)?.ip);
                 Ok(())
             },
         )?;

@@ -149,7 +149,12 @@ pub fn from_lock(o: &IPLock) -> Result<LockObject, String> {
         .spec
         .ip
         .parse()
-        .map_err(|_| format!("IPLock {name}: spec.ip {:?} is not an address", o.spec.ip))?;
+        .map_err(|_| {
+            format!(
+                "IPLock {name}: spec.ip {:?} is not an address: delete the object (kubectl delete iplock {name}); no claim can name it",
+                o.spec.ip
+            )
+        })?;
     Ok(LockObject {
         network: o.spec.network.clone(),
         ip,
