@@ -11,6 +11,7 @@
 pub mod cni;
 pub mod kube_api;
 pub mod local_cluster;
+pub mod multus_overhead;
 pub mod pod_start;
 pub mod report;
 pub mod requests;

@@ -173,6 +173,18 @@ impl LocalCluster {
         self.root.join(".cluster/nodes").join(node).join("disk")
     }
 
+    /// The pid of the process holding NODE's namespaces (for `nsenter -t`).
+    pub fn node_pid(&self, node: &str) -> String {
+        let file = self
+            .root
+            .join(".cluster/nodes")
+            .join(node)
+            .join("holder.pid");
+        std::fs::read_to_string(&file)
+            .map(|p| p.trim().to_string())
+            .unwrap_or_else(|e| panic!("{node} is not running ({}: {e})", file.display()))
+    }
+
     /// On every node, `NAME` next to the installer's kubeconfig in
     /// /etc/cni/net.d/sticky-macvlan.d: that kubeconfig passed through EDIT.
     pub fn write_node_kubeconfigs(&self, name: &str, edit: impl Fn(&str) -> String) {

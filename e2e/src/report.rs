@@ -245,6 +245,31 @@ impl Report {
     }
 }
 
+/// The part of `BENCHMARKS.md` that `bench-cluster` (`scripts/bench.sh
+/// --cluster`) writes and the file-store suite keeps as it is: each
+/// generator owns its own sections, and neither run erases the other's.
+pub const CLUSTER_BEGIN: &str = "<!-- cluster sections: written by scripts/bench.sh --cluster -->";
+pub const CLUSTER_END: &str = "<!-- end of cluster sections -->";
+
+/// The cluster sections of `doc`, markers included, if it has them.
+pub fn cluster_region(doc: &str) -> Option<&str> {
+    let start = doc.find(CLUSTER_BEGIN)?;
+    let end = doc[start..].find(CLUSTER_END)? + start + CLUSTER_END.len();
+    Some(&doc[start..end])
+}
+
+/// `doc` with its cluster sections replaced by `region` (markers
+/// included), or with `region` put before its plots when it has none yet.
+pub fn splice_cluster_region(doc: &str, region: &str) -> String {
+    if let Some(old) = cluster_region(doc) {
+        return doc.replacen(old, region, 1);
+    }
+    match doc.find("\n## Plots\n") {
+        Some(at) => format!("{}\n{region}\n{}", &doc[..at], &doc[at..]),
+        None => format!("{}\n{region}\n", doc.trim_end()),
+    }
+}
+
 /// One named series of (x, y) points for a plot.
 pub struct Series {
     pub name: String,
@@ -439,6 +464,22 @@ mod tests {
         assert!(t
             .markdown()
             .contains("| case | ms |\n|---|---:|\n| a long case | 1.00 |"));
+    }
+
+    #[test]
+    fn the_cluster_sections_survive_either_generator() {
+        let region = format!("{CLUSTER_BEGIN}\n## Pod start\n\nnew\n{CLUSTER_END}");
+        let fresh = "# Benchmarks\n\n## Results\n\nx\n\n## Plots\n\np\n";
+        let with = splice_cluster_region(fresh, &region);
+        assert!(with.find(&region) < with.find("## Plots"), "{with}");
+        assert_eq!(cluster_region(&with), Some(region.as_str()));
+        // A second splice replaces, never duplicates.
+        let newer = region.replace("new", "newer");
+        let again = splice_cluster_region(&with, &newer);
+        assert_eq!(again.matches(CLUSTER_BEGIN).count(), 1);
+        assert!(again.contains("newer") && !again.contains("\nnew\n"));
+        assert!(splice_cluster_region("# B\n", &region).ends_with(&format!("{region}\n")));
+        assert_eq!(cluster_region("no markers"), None);
     }
 
     #[test]

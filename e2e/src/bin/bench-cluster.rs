@@ -1,17 +1,23 @@
-//! Pod start on the local real cluster (issue 18, item 4): sticky-macvlan,
-//! Whereabouts and host-local side by side, `e2e/src/pod_start.rs`.
-//! `scripts/bench.sh --cluster` brings the cluster up, runs this and takes
-//! it down; it writes `<out>/pod-start.md`, `pod-start.json` and
-//! `pod-start.svg`.
+//! The benchmarks on the local real cluster (issue 18, items 4 and 5):
+//! pod start with sticky-macvlan, Whereabouts and host-local side by side
+//! (`e2e/src/pod_start.rs`), and what Multus costs beside what we cost
+//! (`e2e/src/multus_overhead.rs`). `scripts/bench.sh --cluster` brings the
+//! cluster up, runs this and takes it down; it writes `<out>/pod-start.md`
+//! (`.json`, `.svg`) and `<out>/multus-overhead.md` (`.json`), and a full
+//! run puts both into BENCHMARKS.md's cluster sections.
 //!
-//! `sudo STICKY_E2E_CLUSTER=1 target/release/bench-cluster [--quick] [--out DIR]`
+//! `sudo STICKY_E2E_CLUSTER=1 target/release/bench-cluster [--quick] [--out DIR] [--only pod-start|multus]`
 
 use std::path::PathBuf;
 
 use serde_json::json;
 use sticky_e2e::local_cluster::LocalCluster;
+use sticky_e2e::multus_overhead;
 use sticky_e2e::pod_start::{run, Contender, Round, Shape, CONTENDERS};
-use sticky_e2e::report::{line_plot, Series, Stats, Table};
+use sticky_e2e::report::{
+    cluster_region, line_plot, splice_cluster_region, Series, Stats, Table, CLUSTER_BEGIN,
+    CLUSTER_END,
+};
 
 fn median(rounds: &[&Round], f: impl Fn(&Round) -> f64) -> Stats {
     Stats::of(&rounds.iter().map(|r| f(r)).collect::<Vec<_>>())
@@ -20,6 +26,18 @@ fn median(rounds: &[&Round], f: impl Fn(&Round) -> f64) -> Stats {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    if let Some(o) = &only {
+        if o != "pod-start" && o != "multus" {
+            eprintln!("bench-cluster: --only takes pod-start or multus, not {o:?}");
+            std::process::exit(2);
+        }
+    }
+    let wanted = |section: &str| only.as_deref().is_none_or(|o| o == section);
     let out = args
         .iter()
         .position(|a| a == "--out")
@@ -50,7 +68,92 @@ fn main() {
         std::process::exit(2);
     };
     c.install();
-    let rounds = run(&c, shape);
+    std::fs::create_dir_all(&out).unwrap_or_else(|e| panic!("create {}: {e}", out.display()));
+    if wanted("multus") {
+        write_files(&out, &multus_section(&c, if quick { 3 } else { 30 }));
+    }
+    if wanted("pod-start") {
+        write_files(&out, &pod_start_section(&c, shape));
+    }
+    if !quick && out == std::path::Path::new("docs/bench") {
+        update_benchmarks_md(&out);
+    }
+}
+
+fn write_files(out: &std::path::Path, files: &[(&str, String)]) {
+    for (name, text) in files {
+        let path = out.join(name);
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        println!("wrote {}", path.display());
+    }
+}
+
+/// BENCHMARKS.md's cluster sections: the section files of `out`, their
+/// titles one level down and their images relative to the repository.
+fn update_benchmarks_md(out: &std::path::Path) {
+    let mut region = format!("{CLUSTER_BEGIN}\n");
+    for name in ["pod-start.md", "multus-overhead.md"] {
+        let Ok(text) = std::fs::read_to_string(out.join(name)) else {
+            continue;
+        };
+        let text = text.replacen("# ", "## ", 1).replace(
+            "](pod-start.svg)",
+            &format!("]({}/pod-start.svg)", out.display()),
+        );
+        region.push_str(&text);
+        region.push('\n');
+    }
+    region.push_str(CLUSTER_END);
+    let md = std::path::Path::new("BENCHMARKS.md");
+    let doc = std::fs::read_to_string(md).unwrap_or_default();
+    let updated = splice_cluster_region(&doc, &region);
+    debug_assert!(cluster_region(&updated).is_some());
+    std::fs::write(md, updated).unwrap_or_else(|e| panic!("write {}: {e}", md.display()));
+    println!("wrote the cluster sections of {}", md.display());
+}
+
+/// 9c: one pod's ADD and DEL through Multus thin and directly.
+fn multus_section(c: &LocalCluster, runs: usize) -> Vec<(&'static str, String)> {
+    let node = "node1";
+    let samples = multus_overhead::measure(c, node, runs);
+    let mut t = Table::new(
+        "multus-overhead",
+        format!("9c. What Multus costs: one pod's ADD and DEL on {node}, through Multus thin and with its two delegates run directly, {runs} interleaved runs, ms"),
+        &["path", "ADD", "DEL"],
+    );
+    for (i, label) in multus_overhead::PATHS.iter().enumerate() {
+        let of = |pick: fn((f64, f64)) -> f64| {
+            Stats::of(
+                &samples
+                    .iter()
+                    .map(|s| pick(s.by_path()[i]))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let (a, d) = (of(|(add, _)| add), of(|(_, del)| del));
+        t.row(
+            vec![label.to_string(), a.cell(), d.cell()],
+            json!({"path": label, "add_ms": a.json(), "del_ms": d.json()}),
+        );
+    }
+    println!("{}", t.text());
+    let mut md = String::from(
+        "# What Multus costs\n\nMeasured by `sudo scripts/bench.sh --cluster` (`e2e/src/multus_overhead.rs`): the plugins exec'd in the node's namespaces as its containerd does, for a pod that exists in the API but is held by a scheduling gate (Multus reads it and writes its network-status annotation; no kubelet runs it). Directly, the cluster network's plugin and then ours with the NAD's config and Multus' `CNI_ARGS`; through Multus thin, the same two as its delegates.\n\n",
+    );
+    md.push_str(&t.markdown());
+    vec![
+        ("multus-overhead.md", md),
+        (
+            "multus-overhead.json",
+            serde_json::to_string_pretty(&json!({"runs": runs, "node": node, "table": t.raw}))
+                .unwrap_or_default(),
+        ),
+    ]
+}
+
+/// 9a and 9b: pod start, every contender, rounds interleaved.
+fn pod_start_section(c: &LocalCluster, shape: Shape) -> Vec<(&'static str, String)> {
+    let rounds = run(c, shape);
     let pods = shape.groups * shape.replicas;
     let secs = |d: std::time::Duration| d.as_secs_f64();
 
@@ -145,8 +248,7 @@ fn main() {
         &series,
         false,
     );
-    std::fs::create_dir_all(&out).unwrap_or_else(|e| panic!("create {}: {e}", out.display()));
-    for (name, text) in [
+    vec![
         ("pod-start.md", md),
         ("pod-start.svg", svg),
         (
@@ -154,9 +256,5 @@ fn main() {
             serde_json::to_string_pretty(&json!({"rounds": per_round.raw, "summary": summary.raw}))
                 .unwrap_or_default(),
         ),
-    ] {
-        let path = out.join(name);
-        std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-        println!("wrote {}", path.display());
-    }
+    ]
 }

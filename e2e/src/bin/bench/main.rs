@@ -311,7 +311,12 @@ fn main() {
     );
     if let Some(md) = &suite.opts.markdown {
         let plot_dir = suite.opts.out.display().to_string();
-        let text = suite.report.markdown(&machine, command, &plot_dir);
+        let mut text = suite.report.markdown(&machine, command, &plot_dir);
+        // The cluster sections are bench-cluster's: kept as they were.
+        let before = std::fs::read_to_string(md).unwrap_or_default();
+        if let Some(region) = sticky_e2e::report::cluster_region(&before) {
+            text = sticky_e2e::report::splice_cluster_region(&text, region);
+        }
         if let Err(e) = std::fs::write(md, text) {
             panic!("cannot write {}: {e}", md.display());
         }
