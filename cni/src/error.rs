@@ -68,11 +68,42 @@ pub mod code {
     }
 }
 
+/// Why an ADD was refused, for the refusals a person acts on: the pod's
+/// Event names it (`sticky_ipam::events`). Never part of the CNI answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The address's holder may still be alive (liveness rules).
+    HolderAlive,
+    /// No free address in a range set.
+    PoolExhausted,
+    /// A requested address belongs to another sticky identity.
+    AddressReserved,
+    /// Another MAC answered the ARP or DAD probe for the address.
+    AnsweredOnWire,
+    /// A sticky identity of another namespace.
+    NamespaceNotAllowed,
+}
+
+impl Refusal {
+    /// The Event reason (UpperCamelCase, as Kubernetes reasons are).
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::HolderAlive => "StickyAddressHeld",
+            Refusal::PoolExhausted => "StickyPoolExhausted",
+            Refusal::AddressReserved => "StickyAddressReserved",
+            Refusal::AnsweredOnWire => "StickyAddressAnswered",
+            Refusal::NamespaceNotAllowed => "StickyNamespaceNotAllowed",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CniError {
     pub code: u32,
     pub msg: String,
     pub details: String,
+    /// Set on the refusals of `Refusal`; not printed.
+    pub refusal: Option<Refusal>,
 }
 
 pub type CniResult<T> = Result<T, CniError>;
@@ -83,7 +114,14 @@ impl CniError {
             code,
             msg: msg.into(),
             details: String::new(),
+            refusal: None,
         }
+    }
+
+    /// Marks the error as a refusal of that kind.
+    pub fn refused_as(mut self, refusal: Refusal) -> CniError {
+        self.refusal = Some(refusal);
+        self
     }
 
     pub fn with_details(mut self, details: impl Into<String>) -> CniError {

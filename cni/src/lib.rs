@@ -14,6 +14,6 @@ pub mod version;
 
 pub use args::CniArgs;
 pub use env::{CniEnv, Command};
-pub use error::{code, CniError, CniResult};
+pub use error::{code, CniError, CniResult, Refusal};
 pub use result::{CniOutput, Dns, Interface, IpConfig, Route};
 pub use version::CniVersion;

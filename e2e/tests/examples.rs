@@ -108,6 +108,7 @@ fn rbac_is_least_privilege() {
     assert_eq!(
         rules("sticky-macvlan"),
         vec![
+            ("".into(), "events".into(), s(&["create"])),
             ("".into(), "nodes".into(), s(&["get"])),
             ("".into(), "pods".into(), s(&["get"])),
             ("apps".into(), "statefulsets".into(), s(&["get"])),
@@ -150,6 +151,8 @@ fn kube_calls_in_the_client() -> Vec<(String, String)> {
             "pods"
         } else if method.contains("Api<Node>") {
             "nodes"
+        } else if method.contains("Api<Event>") {
+            "events"
         } else if method.contains("Api<StatefulSet>") {
             "statefulsets"
         } else if method.contains("self.claims()") {

@@ -402,6 +402,18 @@ fn node_crash_and_the_out_of_service_taint_move_the_pod_with_its_address() {
     );
     let new_uid = uid(&c, &ns, "db-0");
     assert_ne!(new_uid, old_uid);
+    // The pod is told whose address it took and why (our Event, posted
+    // before the ADD answered).
+    let told = c.pod_events(&ns, "db-0");
+    let takeover = told
+        .iter()
+        .find(|e| e.starts_with("StickyAddressTakenOver: "))
+        .unwrap_or_else(|| panic!("no takeover Event on the new db-0: {told:?}"));
+    assert!(
+        takeover.contains(&format!("on node {node}"))
+            && before.iter().any(|a| takeover.contains(&a.to_string())),
+        "the takeover Event names the old node and the address: {takeover}"
+    );
 
     // The crashed node comes back: its kubelet finds the old sandbox and
     // tears it down (a late DEL for the old pod). That DEL must not free
@@ -502,6 +514,24 @@ fn a_takeover_is_refused_while_the_old_holder_answers_on_the_fabric() {
     eprintln!(
         "split brain: replacement refused after {:.1} s: {refused}",
         t0.elapsed().as_secs_f64()
+    );
+    // `kubectl describe pod` shows our Warning beside kubelet's, which
+    // Multus' wrapping does not blur: its reason says what happened.
+    let described = c.wait("our Event on the refused db-0", MINUTE, || {
+        let text = c.kubectl(&["-n", &ns, "describe", "pod", "db-0"]);
+        if text.contains("StickyAddressAnswered") {
+            Ok(text)
+        } else {
+            Err(text)
+        }
+    });
+    let ours = described
+        .lines()
+        .find(|l| l.contains("StickyAddressAnswered"))
+        .unwrap_or_default();
+    assert!(
+        ours.contains("Warning") && ours.contains("sticky-macvlan"),
+        "our Event is a Warning from sticky-macvlan: {ours}"
     );
     for a in &held {
         if a.is_ipv4() {
@@ -1742,4 +1772,34 @@ fn pod_start_comparison_runs_and_ours_come_back_on_their_addresses() {
         c.bound_claims("ps-ours").is_empty(),
         "the round left claims behind"
     );
+}
+
+/// The Multus overhead figure of `scripts/bench.sh --cluster` (table 9c)
+/// on two runs, so it cannot rot: every call succeeds through Multus and
+/// directly, and the DELs leave no claim of the network behind.
+#[test]
+fn multus_overhead_runs_and_its_dels_release_every_claim() {
+    let Some(c) = cluster("multus_overhead_runs_and_its_dels_release_every_claim") else {
+        return;
+    };
+    let samples = sticky_e2e::multus_overhead::measure(&c, "node1", 2);
+    assert_eq!(samples.len(), 2);
+    for s in &samples {
+        for ms in [
+            s.multus_add,
+            s.multus_del,
+            s.primary_add,
+            s.ours_add,
+            s.ours_del,
+        ] {
+            assert!(ms > 0.0, "a call was not timed: {s:?}");
+        }
+    }
+    // Dynamic claims: a DEL deletes them, through Multus or not.
+    let left: Vec<_> = c
+        .ipclaims()
+        .into_iter()
+        .filter(|claim| claim["spec"]["network"] == "mo-ours")
+        .collect();
+    assert!(left.is_empty(), "the DELs left claims: {left:?}");
 }

@@ -15,6 +15,7 @@ use crate::backend::Backend;
 use crate::claim::{now_secs, Holder};
 use crate::config::{IpamConfig, StoreKind};
 use crate::engine::{plan_add, plan_degraded, plan_del, plan_gc, plan_undo, AddRequest, Grant};
+use crate::events::{self, GrantNote, PodEvent};
 use crate::identity::{self, Identity};
 use crate::kube::{ApiError, KubeApi};
 use crate::liveness::{Caller, NodeFacts};
@@ -45,6 +46,8 @@ pub struct StickyIpam {
     node: NodeFacts,
     /// Where claims live and who judges liveness.
     backend: Backend,
+    /// The holder the last ADD was for: whom a refusal's Event is about.
+    caller: Option<Holder>,
 }
 
 /// An ADD resolved and validated (identity, requested addresses) before
@@ -70,6 +73,8 @@ pub struct Granted {
     committed: Plan,
     origins: Vec<(IpAddr, Origin)>,
     identity: Identity,
+    /// What the pod is told once the ADD succeeded (`StickyIpam::announce`).
+    events: Vec<PodEvent>,
 }
 
 /// This node's name: `nodeName` from the config, else (kubernetes store)
@@ -149,6 +154,7 @@ impl StickyIpam {
             at,
             node,
             backend,
+            caller: None,
         })
     }
 
@@ -287,7 +293,14 @@ impl StickyIpam {
             unreachable,
             pod,
         } = prepared;
-        let (plan, grants) = self.add_planned(&req, unreachable, pod)?;
+        self.caller = Some(req.holder.clone());
+        let (plan, grants) = match self.add_planned(&req, unreachable, pod) {
+            Ok(done) => done,
+            Err(e) => {
+                self.report_refusal(&e);
+                return Err(e);
+            }
+        };
         for g in &grants {
             match &g.took_over {
                 Some(note) => cni::log::info(&format!("identity {:?}: {note}", req.identity.key)),
@@ -299,12 +312,57 @@ impl StickyIpam {
                 )),
             }
         }
+        let notes: Vec<GrantNote> = grants
+            .iter()
+            .map(|g| GrantNote {
+                origin: g.origin.clone(),
+                reclaimed: g.reclaimed,
+                note: g.took_over.clone(),
+            })
+            .collect();
         Ok(Granted {
             output: self.output(&grants),
             committed: plan,
             origins: grants.iter().map(|g| (g.ip, g.origin.clone())).collect(),
             identity: req.identity,
+            events: events::for_grants(&req.holder, &self.conf.network, &notes),
         })
+    }
+
+    /// Tells the pod what its successful ADD took from whom (Events).
+    pub fn announce(&self, granted: &Granted) {
+        self.post_events(&granted.events);
+    }
+
+    /// Tells the pod why its ADD was refused, when a person can act on it
+    /// (`events::for_refusal`): called for the IPAM's own refusals, and by
+    /// the plugin for the wire's.
+    pub fn report_refusal(&self, err: &CniError) {
+        let Some(caller) = &self.caller else {
+            return;
+        };
+        if let Some(event) = events::for_refusal(caller, &self.conf.network, err) {
+            self.post_events(&[event]);
+        }
+    }
+
+    /// Best effort, kubernetes store only: a lost Event is logged, never an
+    /// error, and each is bounded by `kube::client::EVENT_DEADLINE`.
+    fn post_events(&self, list: &[PodEvent]) {
+        if list.is_empty() || !self.backend.is_kube() {
+            return;
+        }
+        let Ok(client) = self.backend.client() else {
+            return;
+        };
+        for event in list {
+            if let Err(e) = client.post_event(event) {
+                cni::log::warn(&format!(
+                    "event {} on pod {}/{} not posted: {e}",
+                    event.reason, event.namespace, event.pod
+                ));
+            }
+        }
     }
 
     /// Plans and commits the ADD on the configured store; on the

@@ -6,6 +6,7 @@ pub mod cni_ipam;
 pub mod config;
 pub mod cri;
 pub mod engine;
+pub mod events;
 pub mod identity;
 pub mod kube;
 pub mod liveness;

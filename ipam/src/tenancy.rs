@@ -8,14 +8,14 @@
 //! identity (`ipam.reservations.<identity>.namespaces`), which then is the
 //! whole rule for that identity.
 
-use cni::{code, CniError, CniResult};
+use cni::{code, CniError, CniResult, Refusal};
 
 use crate::claim::Claim;
 use crate::config::IpamConfig;
 use crate::identity::{Identity, IdentitySource};
 
 fn refuse(msg: String) -> CniError {
-    CniError::new(code::NAMESPACE_NOT_ALLOWED, msg)
+    CniError::new(code::NAMESPACE_NOT_ALLOWED, msg).refused_as(Refusal::NamespaceNotAllowed)
 }
 
 /// Whether a pod of namespace `caller` may obtain `identity`, whose

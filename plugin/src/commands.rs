@@ -162,12 +162,19 @@ pub fn add(
             ipam.add(prepared, conf.probe.fresh).and_then(|allocation| {
                 cni::fault::point(cni::fault::ADD_CLAIM_WRITTEN);
                 let (result, unproven) = (allocation.result.clone(), allocation.unproven.clone());
-                attach.l3(nl, result, &unproven).map_err(|e| {
-                    let release = ipam
-                        .undo_add(allocation)
-                        .map_err(|r| r.context("cannot release the IPAM after a failed ADD"));
-                    macvlan::with_cleanup(e, release)
-                })
+                match attach.l3(nl, result, &unproven) {
+                    Ok(answer) => {
+                        ipam.announce(&allocation);
+                        Ok(answer)
+                    }
+                    Err(e) => {
+                        ipam.report_refusal(&e);
+                        let release = ipam
+                            .undo_add(allocation)
+                            .map_err(|r| r.context("cannot release the IPAM after a failed ADD"));
+                        Err(macvlan::with_cleanup(e, release))
+                    }
+                }
             })
         }
         _ => attach.l2(nl),

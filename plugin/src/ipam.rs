@@ -60,6 +60,12 @@ pub trait Ipam {
     fn add(&mut self, prepared: Prepared, probe_fresh: bool) -> CniResult<Allocation>;
     /// Undoes `allocation` after a later step of ADD failed.
     fn undo_add(&mut self, allocation: Allocation) -> CniResult<()>;
+    /// The ADD succeeded with `allocation`: tell the pod what the IPAM
+    /// took from whom (sticky-ipam's Events). Best effort.
+    fn announce(&mut self, _allocation: &Allocation) {}
+    /// A later step refused the ADD (the wire answered): tell the pod.
+    /// Best effort.
+    fn report_refusal(&mut self, _err: &CniError) {}
     fn del(&mut self) -> CniResult<()>;
     fn check(&mut self) -> CniResult<()>;
     fn status(&mut self) -> CniResult<()>;
@@ -114,6 +120,14 @@ impl Ipam for StickyIpam {
             Undo::Restore(granted) => StickyIpam::undo_add(self, *granted),
             Undo::Delete => self.del(),
         }
+    }
+    fn announce(&mut self, allocation: &Allocation) {
+        if let Undo::Restore(granted) = &allocation.undo {
+            StickyIpam::announce(self, granted);
+        }
+    }
+    fn report_refusal(&mut self, err: &CniError) {
+        StickyIpam::report_refusal(self, err);
     }
     fn del(&mut self) -> CniResult<()> {
         StickyIpam::del(self)

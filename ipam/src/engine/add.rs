@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use cni::{code, CniError};
+use cni::{code, CniError, Refusal};
 
 use super::{AddRequest, Grant};
 use crate::addr::{from_u128, to_u128, Family};
@@ -21,8 +21,8 @@ struct Planner<'a> {
     plan: Plan,
 }
 
-fn refuse(msg: String) -> PlanError {
-    PlanError::Refused(CniError::new(code::TRY_AGAIN_LATER, msg))
+fn refuse(refusal: Refusal, msg: String) -> PlanError {
+    PlanError::Refused(CniError::new(code::TRY_AGAIN_LATER, msg).refused_as(refusal))
 }
 
 impl Planner<'_> {
@@ -41,7 +41,7 @@ impl Planner<'_> {
                 claim.ip,
                 holder.describe()
             ))),
-            Verdict::Alive(why) => Err(refuse(format!(
+            Verdict::Alive(why) => Err(refuse(Refusal::HolderAlive, format!(
                 "{} on network {:?} (identity {:?}) is held by {}, which is considered alive: {why}; the address is handed over as soon as that holder is confirmed dead, and kubelet retries this ADD",
                 claim.ip,
                 self.conf.network,
@@ -114,6 +114,7 @@ impl Planner<'_> {
             });
         }
         Ok(Grant {
+            reclaimed: false,
             ip: claim.ip,
             range: self.range_of(set, claim.ip),
             displaced: took_over.as_ref().and(claim.holder.clone()),
@@ -131,7 +132,7 @@ impl Planner<'_> {
                 return self.keep(set, other);
             }
             if other.sticky && !reserved {
-                return Err(refuse(format!(
+                return Err(refuse(Refusal::AddressReserved, format!(
                     "requested address {ip} on network {:?} is reserved by sticky identity {:?}: request another address, or release it with `sticky-macvlan release --ip {ip}`",
                     self.conf.network, other.identity
                 )));
@@ -148,6 +149,7 @@ impl Planner<'_> {
             after: Some(self.new_claim(ip)),
         });
         Ok(Grant {
+            reclaimed: false,
             ip,
             range: self.range_of(set, ip),
             displaced: took_over.as_ref().and(displaced),
@@ -184,6 +186,7 @@ impl Planner<'_> {
                     });
                     self.plan.cursors.push((index, ip));
                     return Ok(Grant {
+                        reclaimed: false,
                         ip,
                         range: range.clone(),
                         took_over: None,
@@ -265,6 +268,7 @@ impl Planner<'_> {
             });
             self.plan.cursors.push((index, claim.ip));
             return Ok(Grant {
+                reclaimed: true,
                 ip: claim.ip,
                 range,
                 took_over,
@@ -320,7 +324,7 @@ impl Planner<'_> {
         } else {
             String::new()
         };
-        Err(refuse(format!(
+        Err(refuse(Refusal::PoolExhausted, format!(
             "no free address in range set {} of network {:?}{scope}: {claimed} claimed, {live} by live holders{sticky_note}{reserved_note}{damaged_note}; widen the range, scale down, or release a sticky identity with `sticky-macvlan release --identity ID`",
             set.describe(),
             self.conf.network

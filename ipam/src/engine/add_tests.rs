@@ -4,7 +4,7 @@ use crate::engine::plan_del;
 use crate::engine::test_support::*;
 use crate::liveness::{Caller, Inspector, Verdict};
 use crate::store::memory::MemoryStore;
-use cni::{code, CniError};
+use cni::{code, CniError, Refusal};
 use serde_json::json;
 
 #[test]
@@ -57,6 +57,7 @@ fn a_full_pool_names_the_reservation_that_holds_an_address_back() {
     add(&c, &mut s, &alive, &req("b", false, "b")).unwrap();
     let e = add(&c, &mut s, &alive, &req("c", false, "c")).unwrap_err();
     assert_eq!(e.code, code::TRY_AGAIN_LATER);
+    assert_eq!(e.refusal, Some(Refusal::PoolExhausted));
     assert!(
         e.msg.contains("2 claimed, 2 by live holders")
             && e.msg
@@ -204,6 +205,7 @@ fn live_holder_refuses_with_code_11_and_changes_nothing() {
     let before = s.claims.clone();
     let e = add(&c, &mut s, &a, &req("peer-a", true, "p2")).unwrap_err();
     assert_eq!(e.code, code::TRY_AGAIN_LATER);
+    assert_eq!(e.refusal, Some(Refusal::HolderAlive));
     assert!(
         e.msg.contains("10.0.0.10")
             && e.msg.contains("pod ns/p1")
@@ -261,6 +263,7 @@ fn exhausted_pool_reclaims_dead_dynamic_claims_only() {
     }
     let e = add(&c, &mut s, &everyone, &req("dyn-e", false, "e")).unwrap_err();
     assert_eq!(e.code, code::TRY_AGAIN_LATER);
+    assert_eq!(e.refusal, Some(Refusal::PoolExhausted));
     assert!(
         e.msg.contains("10.0.0.10-10.0.0.13")
             && e.msg.contains("\"net\"")
@@ -272,6 +275,7 @@ fn exhausted_pool_reclaims_dead_dynamic_claims_only() {
     let some_dead = Alive(vec!["b", "d"]);
     let g = add(&c, &mut s, &some_dead, &req("dyn-e", false, "e")).unwrap();
     assert_eq!(ips(&g), ["10.0.0.12"]);
+    assert!(g[0].reclaimed, "the pod is told it was reclaimed");
     assert!(g[0]
         .took_over
         .as_deref()

@@ -63,6 +63,7 @@ pub fn plan_degraded(
             }),
         });
         grants.push(Grant {
+            reclaimed: false,
             ip: claim.ip,
             range,
             took_over: None,

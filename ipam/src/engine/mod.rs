@@ -46,6 +46,9 @@ pub struct Grant {
     pub range: Range,
     /// Set when the address was taken from another holder: who and why.
     pub took_over: Option<String>,
+    /// Set when the address was another identity's, reclaimed because the
+    /// pool was exhausted (its holder dead, or its owner deleted).
+    pub reclaimed: bool,
     /// The holder the address was taken from (judged dead), if any.
     pub displaced: Option<Holder>,
     /// Where the address came from: what decides whether the wire must

@@ -10,7 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -21,10 +22,19 @@ use tokio::runtime::Runtime;
 /// requests few).
 const LIST_PAGE: u32 = 500;
 
+/// The most an Event adds to an ADD: it is best effort, and kubelet's own
+/// event carries the error anyway. On the connection the ADD already made
+/// it takes a few milliseconds; an API that does not answer costs this.
+pub const EVENT_DEADLINE: Duration = Duration::from_millis(300);
+
+/// Who reports our Events (`source.component`, `reportingComponent`).
+pub const EVENT_COMPONENT: &str = "sticky-macvlan";
+
 use super::crd::{from_lock, from_object, to_lock, to_object, IPClaim, IPLock};
 use super::{
     ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi, LockObject, OUT_OF_SERVICE_TAINT,
 };
+use crate::events::PodEvent;
 use crate::pod::{PodFacts, IDENTITY_ANNOTATION};
 
 pub struct KubeClient {
@@ -396,6 +406,53 @@ impl KubeApi for KubeClient {
             api.get(name),
         )?;
         Ok(set.map(|s| s.metadata.uid.unwrap_or_default()))
+    }
+
+    fn post_event(&self, event: &PodEvent) -> ApiResult<()> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &event.namespace);
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let object = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}.", event.pod)),
+                namespace: Some(event.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(event.pod.clone()),
+                namespace: Some(event.namespace.clone()),
+                uid: event.pod_uid.clone(),
+                ..ObjectReference::default()
+            },
+            reason: Some(event.reason.into()),
+            message: Some(event.message.clone()),
+            type_: Some(if event.warning { "Warning" } else { "Normal" }.into()),
+            source: Some(EventSource {
+                component: Some(EVENT_COMPONENT.into()),
+                host: Some(event.node.clone()),
+            }),
+            reporting_component: Some(EVENT_COMPONENT.into()),
+            reporting_instance: Some(event.node.clone()),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            count: Some(1),
+            ..Event::default()
+        };
+        let what = format!("create event on pod {}/{}", event.namespace, event.pod);
+        self.runtime
+            .block_on(async {
+                tokio::time::timeout(EVENT_DEADLINE, api.create(&PostParams::default(), &object))
+                    .await
+            })
+            .map_err(|_| {
+                ApiError::Unreachable(format!(
+                    "{what}: no answer within {} ms",
+                    EVENT_DEADLINE.as_millis()
+                ))
+            })?
+            .map(drop)
+            .map_err(|e| classify(&what, e))
     }
 }
 

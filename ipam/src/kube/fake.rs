@@ -16,6 +16,7 @@ pub struct FakeApi {
     pub pods: RefCell<BTreeMap<String, PodFacts>>,
     pub nodes: RefCell<BTreeMap<String, ClusterNode>>,
     pub stateful_sets: RefCell<BTreeMap<String, String>>,
+    pub events: RefCell<Vec<crate::events::PodEvent>>,
     /// Every call, as "verb target".
     pub calls: RefCell<Vec<String>>,
     /// The next N writes answer 409 without applying.
@@ -198,5 +199,14 @@ impl KubeApi for FakeApi {
         let key = format!("{namespace}/{name}");
         self.record(format!("get statefulset {key}"))?;
         Ok(self.stateful_sets.borrow().get(&key).cloned())
+    }
+
+    fn post_event(&self, event: &crate::events::PodEvent) -> ApiResult<()> {
+        self.record(format!(
+            "event {}/{} {}",
+            event.namespace, event.pod, event.reason
+        ))?;
+        self.events.borrow_mut().push(event.clone());
+        Ok(())
     }
 }

@@ -118,6 +118,9 @@ pub trait KubeApi {
     fn get_node(&self, name: &str) -> ApiResult<Option<ClusterNode>>;
     /// The UID of a StatefulSet, None when it no longer exists.
     fn get_stateful_set(&self, namespace: &str, name: &str) -> ApiResult<Option<String>>;
+    /// Posts an Event on the pod; best effort, so the real client bounds it
+    /// by its own short deadline rather than the store's timeout.
+    fn post_event(&self, event: &crate::events::PodEvent) -> ApiResult<()>;
 }
 
 fn hex(bytes: &[u8], n: usize) -> String {

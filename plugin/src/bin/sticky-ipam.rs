@@ -60,13 +60,21 @@ fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Option<Value>> {
                     confirm_on_wire(env, &probe, &ipam.must_confirm(&granted, probe.fresh))
                         .and_then(|()| granted.output.to_json(conf.cni_version));
                 match answer {
-                    Ok(json) => Ok(Some(json)),
+                    Ok(json) => {
+                        ipam.announce(&granted);
+                        Ok(Some(json))
+                    }
                     // Nothing may stay claimed for an address the wire
                     // refused or an answer the caller never gets.
-                    Err(e) => Err(match ipam.undo_add(granted) {
-                        Ok(()) => e,
-                        Err(undo) => e.context(format!("(and undoing the claim failed: {undo})")),
-                    }),
+                    Err(e) => {
+                        ipam.report_refusal(&e);
+                        Err(match ipam.undo_add(granted) {
+                            Ok(()) => e,
+                            Err(undo) => {
+                                e.context(format!("(and undoing the claim failed: {undo})"))
+                            }
+                        })
+                    }
                 }
             }),
         Command::Del => ipam.del().map(|()| None),

@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use super::{datapath, CreatedLink};
-use crate::cni::{code, CniError, CniResult, IpConfig};
+use crate::cni::{code, CniError, CniResult, IpConfig, Refusal};
 use crate::datapath::{format_mac, Mac, Netlink, Ns};
 use crate::log;
 
@@ -72,7 +72,8 @@ pub fn probe_addresses(
                         format_mac(&other),
                         link.name
                     ),
-                ))
+                )
+                .refused_as(Refusal::AnsweredOnWire))
             }
             Err(e) => {
                 return Err(CniError::datapath(format!(
