@@ -124,6 +124,21 @@ fn rbac_is_least_privilege() {
             ),
         ]
     );
+    // doctor's SelfSubjectAccessReviews ask about exactly this role.
+    let mut table: Vec<(String, String, String)> = sticky_ipam::kube::PLUGIN_ACCESS
+        .iter()
+        .map(|p| (p.group.into(), p.resource.into(), p.verb.into()))
+        .collect();
+    table.sort();
+    let mut role: Vec<(String, String, String)> = rules("sticky-macvlan")
+        .into_iter()
+        .flat_map(|(g, res, verbs)| verbs.into_iter().map(move |v| (g.clone(), res.clone(), v)))
+        .collect();
+    role.sort();
+    assert_eq!(
+        table, role,
+        "kube::PLUGIN_ACCESS and examples/rbac.yaml disagree"
+    );
     // reconcile never creates claims.
     let reconcile = rules("sticky-macvlan-reconcile");
     assert!(reconcile.iter().all(|(_, _, verbs)| !verbs

@@ -25,6 +25,8 @@ Commands:
   version     print the plugin version and supported CNI versions
   help        print this help
   install     install onto this node from the DaemonSet (see install --help)
+  doctor      check this node and a network's config; every problem with its
+              fix (see doctor --help)
   crd         print the IPClaim and IPLock CustomResourceDefinitions (YAML)
 
 {}
@@ -55,6 +57,7 @@ pub fn main(args: &[String]) -> ExitCode {
             ExitCode::SUCCESS
         }
         Some("install") => crate::install::main(&args[1..]),
+        Some("doctor") => crate::doctor::main(&args[1..]),
         Some("crd") if args[1..].iter().any(|a| a == "--help" || a == "-h") => {
             println!("sticky-macvlan crd\n  Prints the IPClaim and IPLock CustomResourceDefinitions as YAML, for kubectl apply -f -.");
             ExitCode::SUCCESS

@@ -7,6 +7,7 @@ pub use cni;
 pub mod commands;
 pub mod config;
 pub mod datapath;
+pub mod doctor;
 pub mod install;
 pub mod ipam;
 pub mod standalone;

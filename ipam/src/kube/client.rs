@@ -140,6 +140,62 @@ impl KubeClient {
         &self.server
     }
 
+    /// Who the API server takes these credentials for (a
+    /// SelfSubjectReview, which every authenticated user may make): the
+    /// first request `doctor` makes, so a rejected token shows as a 401.
+    pub fn who_am_i(&self) -> ApiResult<String> {
+        use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+        let api: Api<SelfSubjectReview> = Api::all(self.client.clone());
+        let review = self.run(
+            "create selfsubjectreview",
+            api.create(&PostParams::default(), &SelfSubjectReview::default()),
+        )?;
+        Ok(review
+            .status
+            .and_then(|s| s.user_info)
+            .and_then(|u| u.username)
+            .unwrap_or_default())
+    }
+
+    /// Whether these credentials may do `p`, cluster-wide (a
+    /// SelfSubjectAccessReview; the API server's authorizer answers).
+    pub fn may(&self, p: &super::Permission) -> ApiResult<bool> {
+        use k8s_openapi::api::authorization::v1::{
+            ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+        };
+        let api: Api<SelfSubjectAccessReview> = Api::all(self.client.clone());
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    group: Some(p.group.into()),
+                    resource: Some(p.resource.into()),
+                    verb: Some(p.verb.into()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SelfSubjectAccessReviewSpec::default()
+            },
+            ..SelfSubjectAccessReview::default()
+        };
+        let answer = self.run(
+            &format!("create selfsubjectaccessreview ({})", p.describe()),
+            api.create(&PostParams::default(), &review),
+        )?;
+        Ok(answer.status.is_some_and(|s| s.allowed))
+    }
+
+    /// Whether the IPClaim and IPLock resources are served: a one-object
+    /// listing of each, whose 404 names the missing CRD.
+    pub fn resources_served(&self) -> ApiResult<()> {
+        let lp = ListParams::default().limit(1);
+        let what = "list ipclaims";
+        self.bounded(what, self.claims().list(&lp))?
+            .map_err(|e| collection_error(what, e))?;
+        let what = "list iplocks";
+        self.bounded(what, self.locks().list(&lp))?
+            .map_err(|e| collection_error(what, e))?;
+        Ok(())
+    }
+
     /// Runs one request with the overall deadline (connect + read can
     /// otherwise add up); a missed deadline is "unreachable".
     fn bounded<T>(

@@ -123,6 +123,54 @@ pub trait KubeApi {
     fn post_event(&self, event: &crate::events::PodEvent) -> ApiResult<()>;
 }
 
+/// One thing the plugin asks of the API server: what examples/rbac.yaml
+/// grants the node's ClusterRole, and what `doctor` asks the server about
+/// with a SelfSubjectAccessReview. The examples test holds this list, the
+/// ClusterRole and the client's calls equal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Permission {
+    /// "" for the core group.
+    pub group: &'static str,
+    pub resource: &'static str,
+    pub verb: &'static str,
+}
+
+impl Permission {
+    /// "delete iplocks.sticky-macvlan.io", "get pods".
+    pub fn describe(&self) -> String {
+        if self.group.is_empty() {
+            format!("{} {}", self.verb, self.resource)
+        } else {
+            format!("{} {}.{}", self.verb, self.resource, self.group)
+        }
+    }
+}
+
+const fn grant(group: &'static str, resource: &'static str, verb: &'static str) -> Permission {
+    Permission {
+        group,
+        resource,
+        verb,
+    }
+}
+
+/// Every permission of the node's ClusterRole `sticky-macvlan`.
+pub const PLUGIN_ACCESS: &[Permission] = &[
+    grant(GROUP, "ipclaims", "get"),
+    grant(GROUP, "ipclaims", "list"),
+    grant(GROUP, "ipclaims", "create"),
+    grant(GROUP, "ipclaims", "update"),
+    grant(GROUP, "ipclaims", "delete"),
+    grant(GROUP, "iplocks", "get"),
+    grant(GROUP, "iplocks", "list"),
+    grant(GROUP, "iplocks", "create"),
+    grant(GROUP, "iplocks", "delete"),
+    grant("", "pods", "get"),
+    grant("", "nodes", "get"),
+    grant("", "events", "create"),
+    grant("apps", "statefulsets", "get"),
+];
+
 fn hex(bytes: &[u8], n: usize) -> String {
     bytes
         .iter()

@@ -54,6 +54,7 @@ impl FakeNetlink {
                 macvlan_mode: None,
                 up: true,
                 alias: None,
+                port_kind: None,
             },
             addrs: vec![],
         });
@@ -152,6 +153,7 @@ impl Netlink for FakeNetlink {
                 macvlan_mode: Some(req.mode),
                 up: false,
                 alias: None,
+                port_kind: None,
             },
             addrs: vec![],
         });

@@ -68,6 +68,9 @@ pub struct LinkState {
     pub up: bool,
     /// `IFLA_IFALIAS`: ours carry the attachment that made them.
     pub alias: Option<String>,
+    /// `IFLA_INFO_PORT_KIND`: "bond" or "bridge" when the link is a port
+    /// of one (no macvlan can sit on it).
+    pub port_kind: Option<String>,
 }
 
 /// A macvlan to create, under a temporary name, in the pod netns.

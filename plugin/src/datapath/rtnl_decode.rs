@@ -44,6 +44,7 @@ pub(super) fn link_state(msg: &LinkMessage) -> LinkState {
         macvlan_mode: None,
         up: msg.header.flags.contains(LinkFlags::Up),
         alias: None,
+        port_kind: None,
     };
     for attr in &msg.attributes {
         match attr {
@@ -59,6 +60,7 @@ pub(super) fn link_state(msg: &LinkMessage) -> LinkState {
                 for info in infos {
                     match info {
                         LinkInfo::Kind(kind) => state.kind = Some(kind.to_string()),
+                        LinkInfo::PortKind(port) => state.port_kind = Some(port.to_string()),
                         LinkInfo::Data(InfoData::MacVlan(data)) => {
                             for d in data {
                                 if let InfoMacVlan::Mode(m) = d {

@@ -62,6 +62,7 @@ fn only_our_temporary_names_count_as_leftovers() {
         macvlan_mode: None,
         up: false,
         alias: None,
+        port_kind: None,
     };
     assert!(is_our_leftover(&state("smv0a1b2c3d", Some("macvlan"))));
     for (name, kind) in [

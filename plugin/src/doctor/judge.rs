@@ -1,0 +1,355 @@
+//! What `doctor` concludes from what it observed, without I/O: each check
+//! turns its observations into findings, each finding with the fix an
+//! operator applies. Table-tested below.
+
+use std::fmt::Write as _;
+
+use sticky_ipam::kube::ApiError;
+
+use crate::datapath::LinkState;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl Severity {
+    fn label(self) -> &'static str {
+        match self {
+            Severity::Ok => "ok",
+            Severity::Warn => "WARN",
+            Severity::Fail => "FAIL",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub severity: Severity,
+    /// The check's short name: `bin-dir`, `kubeconfig`, `rbac`, ...
+    pub check: &'static str,
+    pub what: String,
+    /// What to do about it; None for an ok finding.
+    pub fix: Option<String>,
+}
+
+impl Finding {
+    pub fn ok(check: &'static str, what: impl Into<String>) -> Finding {
+        Finding {
+            severity: Severity::Ok,
+            check,
+            what: what.into(),
+            fix: None,
+        }
+    }
+
+    pub fn warn(check: &'static str, what: impl Into<String>, fix: impl Into<String>) -> Finding {
+        Finding {
+            severity: Severity::Warn,
+            check,
+            what: what.into(),
+            fix: Some(fix.into()),
+        }
+    }
+
+    pub fn fail(check: &'static str, what: impl Into<String>, fix: impl Into<String>) -> Finding {
+        Finding {
+            severity: Severity::Fail,
+            check,
+            what: what.into(),
+            fix: Some(fix.into()),
+        }
+    }
+}
+
+/// The worst finding decides the exit code: 0 all ok, 1 a warning, 2 a
+/// failure.
+pub fn exit_code(findings: &[Finding]) -> u8 {
+    match findings.iter().map(|f| f.severity).max() {
+        Some(Severity::Fail) => 2,
+        Some(Severity::Warn) => 1,
+        _ => 0,
+    }
+}
+
+pub fn render_text(findings: &[Finding]) -> String {
+    let mut out = String::new();
+    for f in findings {
+        let _ = writeln!(out, "{:<4}  {:<12} {}", f.severity.label(), f.check, f.what);
+        if let Some(fix) = &f.fix {
+            let _ = writeln!(out, "      {:<12} fix: {fix}", "");
+        }
+    }
+    let worst = findings.iter().map(|f| f.severity).max();
+    let problems = findings
+        .iter()
+        .filter(|f| f.severity != Severity::Ok)
+        .count();
+    let _ = writeln!(
+        out,
+        "{}",
+        match worst {
+            Some(Severity::Fail) | Some(Severity::Warn) =>
+                format!("{problems} problems found; fix them in the order listed"),
+            _ => "no problems found".to_string(),
+        }
+    );
+    out
+}
+
+pub fn render_json(findings: &[Finding]) -> serde_json::Value {
+    serde_json::Value::Array(
+        findings
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "severity": f.severity.label().to_lowercase(),
+                    "check": f.check,
+                    "what": f.what,
+                    "fix": f.fix,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// What was found of one installed binary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Installed {
+    Missing,
+    NotExecutable,
+    /// It ran; its `version` printed this version.
+    Version(String),
+    /// It would not run (wrong architecture, a glibc too old, ...).
+    Unrunnable(String),
+}
+
+/// The binaries in the CNI bin dir against the one running `doctor` (the
+/// DaemonSet's image, when run with `kubectl exec`).
+pub fn binary(dir: &str, name: &str, found: &Installed, own: &str) -> Finding {
+    let check = "bin-dir";
+    let reinstall = "let the DaemonSet's installer run on this node (delete its pod here), or pass the bin dir the runtime uses with --bin-dir (containerd: plugins.\"io.containerd.cri.v1.runtime\".cni.bin_dirs)";
+    match found {
+        Installed::Missing => Finding::fail(check, format!("{dir}/{name} does not exist"), reinstall),
+        Installed::NotExecutable => Finding::fail(
+            check,
+            format!("{dir}/{name} is not executable"),
+            format!("chmod 0755 {dir}/{name}, or {reinstall}"),
+        ),
+        Installed::Unrunnable(why) => Finding::fail(
+            check,
+            format!("{dir}/{name} does not run on this node: {why}"),
+            "install a build for this node's architecture and C library (scripts/image.sh builds one for glibc 2.28 and later)",
+        ),
+        Installed::Version(v) if v == own => Finding::ok(check, format!("{dir}/{name}: version {v}")),
+        Installed::Version(v) => Finding::warn(
+            check,
+            format!("{dir}/{name} is version {v:?}, this doctor (the DaemonSet's image) is {own:?}"),
+            format!("a rollout has not reached this node yet, or it kept an old copy: {reinstall}"),
+        ),
+    }
+}
+
+/// The CNI config dir: it exists and holds the configs the runtime reads.
+pub fn conf_dir(dir: &str, exists: bool, files: usize) -> Finding {
+    let check = "conf-dir";
+    if !exists {
+        return Finding::fail(
+            check,
+            format!("{dir} does not exist"),
+            "pass the dir the runtime reads with --conf-dir (containerd: cni.conf_dir), or create it and install Multus",
+        );
+    }
+    if files == 0 {
+        return Finding::warn(
+            check,
+            format!("{dir} holds no CNI config (.conf or .conflist): the node stays NotReady"),
+            "install the cluster network and Multus, whose 00-multus.conf calls us for NetworkAttachmentDefinitions",
+        );
+    }
+    Finding::ok(check, format!("{dir}: {files} CNI configs"))
+}
+
+/// The macvlan master: it exists in this netns, is up, and is no port of a
+/// bond or bridge (the kernel refuses a macvlan on a device that another
+/// driver already receives for).
+pub fn master(name: &str, from: &str, link: Option<&LinkState>) -> Finding {
+    let check = "master";
+    let Some(link) = link else {
+        return Finding::fail(
+            check,
+            format!("master {name:?} ({from}) does not exist in this node's network namespace"),
+            "set \"master\" in the network config to an interface of this node (ip -br link), or create it",
+        );
+    };
+    // A VRF's ports keep their receive path; these drivers take it.
+    if let Some(port) = link
+        .port_kind
+        .as_deref()
+        .filter(|p| matches!(*p, "bond" | "bridge" | "team"))
+    {
+        return Finding::fail(
+            check,
+            format!("master {name:?} ({from}) is a port of a {port}: the kernel refuses a macvlan on it"),
+            format!("use the {port} itself as \"master\""),
+        );
+    }
+    if !link.up {
+        return Finding::fail(
+            check,
+            format!("master {name:?} ({from}) is down: pods get an interface with no carrier"),
+            format!("ip link set {name} up (and make it persistent in the node's network setup)"),
+        );
+    }
+    Finding::ok(
+        check,
+        format!("master {name:?} ({from}) is up, MTU {}", link.mtu),
+    )
+}
+
+/// An API error of a doctor request, as a finding of `check`.
+pub fn api_error(check: &'static str, server: &str, kubeconfig: &str, e: &ApiError) -> Finding {
+    match e {
+        ApiError::Refused(m) if m.contains(" 401 ") => Finding::fail(
+            check,
+            format!("the API server at {server} rejects the credentials of {kubeconfig}: {m}"),
+            "the token was revoked or has expired: let the DaemonSet's installer write a fresh one (delete its pod on this node), and check that its service account still exists",
+        ),
+        ApiError::Refused(m) if m.contains("does not know this resource") => Finding::fail(
+            check,
+            m.clone(),
+            "install the CRDs: sticky-macvlan crd | kubectl apply -f -",
+        ),
+        ApiError::Unreachable(m) => Finding::fail(
+            check,
+            format!("the API server at {server} does not answer: {m}"),
+            "check the server address in the kubeconfig and that this node reaches it (a service IP needs kube-proxy)",
+        ),
+        ApiError::Client(m) => Finding::fail(
+            check,
+            m.clone(),
+            "install the kubeconfig with the DaemonSet (examples/daemonset.yaml), or pass --kubeconfig",
+        ),
+        other => Finding::fail(
+            check,
+            format!("{server}: {other}"),
+            "see the API server's answer above",
+        ),
+    }
+}
+
+/// The SelfSubjectAccessReviews for every permission the plugin uses.
+pub fn access(
+    user: &str,
+    answers: &[(&sticky_ipam::kube::Permission, bool)],
+    clusterrole: &str,
+) -> Finding {
+    let check = "rbac";
+    let denied: Vec<String> = answers
+        .iter()
+        .filter(|(_, allowed)| !allowed)
+        .map(|(p, _)| p.describe())
+        .collect();
+    if denied.is_empty() {
+        return Finding::ok(
+            check,
+            format!("{user} may do all {} things the plugin does", answers.len()),
+        );
+    }
+    Finding::fail(
+        check,
+        format!("{user} may not: {}", denied.join("; ")),
+        format!("apply the ClusterRole {clusterrole} of examples/rbac.yaml and its binding to the DaemonSet's service account"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sticky_ipam::kube::PLUGIN_ACCESS;
+
+    fn link(up: bool, port: Option<&str>) -> LinkState {
+        LinkState {
+            index: 2,
+            name: "eth1".into(),
+            mtu: 1500,
+            mac: None,
+            kind: None,
+            macvlan_mode: None,
+            up,
+            alias: None,
+            port_kind: port.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn every_fault_has_its_fix_and_the_worst_decides_the_exit() {
+        let cases: Vec<(Finding, Severity, &str)> = vec![
+            (binary("/opt/cni/bin", "sticky-macvlan", &Installed::Missing, "v1"), Severity::Fail, "installer"),
+            (binary("/opt/cni/bin", "sticky-macvlan", &Installed::NotExecutable, "v1"), Severity::Fail, "chmod 0755"),
+            (binary("/b", "sticky-ipam", &Installed::Unrunnable("GLIBC_2.34 not found".into()), "v1"), Severity::Fail, "glibc 2.28"),
+            (binary("/b", "sticky-ipam", &Installed::Version("v0".into()), "v1"), Severity::Warn, "rollout"),
+            (binary("/b", "sticky-ipam", &Installed::Version("v1".into()), "v1"), Severity::Ok, ""),
+            (conf_dir("/etc/cni/net.d", false, 0), Severity::Fail, "--conf-dir"),
+            (conf_dir("/etc/cni/net.d", true, 0), Severity::Warn, "Multus"),
+            (conf_dir("/etc/cni/net.d", true, 2), Severity::Ok, ""),
+            (master("eth1", "config", None), Severity::Fail, "ip -br link"),
+            (master("eth1", "config", Some(&link(false, None))), Severity::Fail, "ip link set eth1 up"),
+            (master("eth1", "config", Some(&link(true, Some("bond")))), Severity::Fail, "the bond itself"),
+            (master("eth1", "config", Some(&link(true, None))), Severity::Ok, ""),
+            (
+                api_error("kubeconfig", "https://a", "/k", &ApiError::Refused("create selfsubjectaccessreview: 401 Unauthorized (Unauthorized)".into())),
+                Severity::Fail,
+                "fresh one",
+            ),
+            (
+                api_error("crd", "https://a", "/k", &ApiError::Refused("list ipclaims: the API server does not know this resource of sticky-macvlan.io (404)".into())),
+                Severity::Fail,
+                "sticky-macvlan crd | kubectl apply",
+            ),
+            (api_error("kubeconfig", "https://a", "/k", &ApiError::Unreachable("connect refused".into())), Severity::Fail, "kube-proxy"),
+        ];
+        for (f, severity, fix) in &cases {
+            assert_eq!(f.severity, *severity, "{f:?}");
+            match severity {
+                Severity::Ok => assert!(f.fix.is_none()),
+                _ => assert!(f.fix.as_deref().unwrap_or_default().contains(fix), "{f:?}"),
+            }
+        }
+        let all: Vec<Finding> = cases.iter().map(|(f, _, _)| f.clone()).collect();
+        assert_eq!(exit_code(&all), 2);
+        let no_fail: Vec<Finding> = all
+            .iter()
+            .filter(|f| f.severity != Severity::Fail)
+            .cloned()
+            .collect();
+        assert_eq!(exit_code(&no_fail), 1);
+        assert_eq!(exit_code(&[Finding::ok("x", "fine")]), 0);
+        assert!(render_text(&all).contains("fix: "));
+        assert_eq!(render_json(&all).as_array().map(Vec::len), Some(all.len()));
+    }
+
+    #[test]
+    fn a_denied_verb_is_named_with_its_resource() {
+        let answers: Vec<_> = PLUGIN_ACCESS
+            .iter()
+            .map(|p| (p, !(p.resource == "iplocks" && p.verb == "delete")))
+            .collect();
+        let f = access(
+            "system:serviceaccount:kube-system:sticky-macvlan",
+            &answers,
+            "sticky-macvlan",
+        );
+        assert_eq!(f.severity, Severity::Fail);
+        assert!(
+            f.what.contains("delete iplocks.sticky-macvlan.io"),
+            "{}",
+            f.what
+        );
+        assert!(!f.what.contains("get pods"));
+        let all: Vec<_> = PLUGIN_ACCESS.iter().map(|p| (p, true)).collect();
+        assert_eq!(access("u", &all, "sticky-macvlan").severity, Severity::Ok);
+    }
+}
