@@ -88,17 +88,10 @@ build_images() {
         e2e/images/docker-archive.sh "$rootfs" localhost/testbox:1 /bin/sh "$B/images/testbox.tar"
         rm -rf "$rootfs"; echo "$want" >"$B/stamps/testbox"
     fi
-    # The project's image: both binaries (and the glibc they link) at /.
-    cargo build -q --release -p sticky-macvlan --bins
-    want=$(stamp target/release/sticky-macvlan target/release/sticky-ipam e2e/images/docker-archive.sh)
-    if [ "$(cat "$B/stamps/sticky-macvlan" 2>/dev/null)" != "$want" ] || [ ! -f "$B/images/sticky-macvlan.tar" ]; then
-        rootfs=$(mktemp -d)
-        cp target/release/sticky-macvlan target/release/sticky-ipam "$rootfs/"
-        copy_libs "$rootfs" "$rootfs/sticky-macvlan" "$rootfs/sticky-ipam"
-        mkdir -p "$rootfs/tmp"
-        e2e/images/docker-archive.sh "$rootfs" localhost/sticky-macvlan:dev /sticky-macvlan "$B/images/sticky-macvlan.tar"
-        rm -rf "$rootfs"; echo "$want" >"$B/stamps/sticky-macvlan"
-    fi
+    # The project's image exactly as a user builds it (scripts/image.sh:
+    # binaries for glibc >= 2.28, the tag the examples name).
+    bash scripts/image.sh --out "$B/release-image"
+    cp "$B/release-image/sticky-macvlan-image.tar" "$B/images/sticky-macvlan.tar"
     # gobgpd (Debian's) for the BGP seed workload.
     want=$(stamp "$(command -v gobgpd)" "$(command -v gobgp)" /bin/busybox e2e/images/docker-archive.sh)
     if [ "$(cat "$B/stamps/gobgpd" 2>/dev/null)" != "$want" ] || [ ! -f "$B/images/gobgpd.tar" ]; then

@@ -46,6 +46,36 @@ fn every_nad_config_is_accepted() {
     assert!(nads >= 6);
 }
 
+/// The DaemonSet and the reconcile Deployment name the image
+/// scripts/image.sh builds for this version, which the real-cluster tests
+/// import into every node's containerd.
+#[test]
+fn the_manifests_name_the_image_the_script_builds() {
+    let want = format!("localhost/sticky-macvlan:{}", env!("CARGO_PKG_VERSION"));
+    let script = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/image.sh"),
+    )
+    .expect("scripts/image.sh");
+    assert!(script.contains("tag=localhost/sticky-macvlan:$version"));
+    let mut named = 0;
+    for (path, docs) in examples() {
+        for doc in &docs {
+            let containers = doc["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            for c in containers {
+                let image = c["image"].as_str().unwrap_or_default();
+                if image.contains("sticky-macvlan") {
+                    named += 1;
+                    assert_eq!(image, want, "{}", path.display());
+                }
+            }
+        }
+    }
+    assert_eq!(named, 2, "the DaemonSet and the reconcile Deployment");
+}
+
 #[test]
 fn the_crd_is_the_generated_one() {
     let (_, docs) = examples()

@@ -308,6 +308,57 @@ fn statefulset_keeps_both_addresses_across_delete_scale_and_reschedule() {
         "statefulset: 3 dual-stack pods Running and pingable in {:?}",
         t0.elapsed()
     );
+    // What an operator reads: `kubectl get ipclaims` (-o wide) has the
+    // network as a column, and every claim reports its conditions.
+    let table = c.kubectl(&["get", "ipclaims", "-o", "wide"]);
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "NETWORK",
+            "IP",
+            "IDENTITY",
+            "POD",
+            "NODE",
+            "STATE",
+            "AGE",
+            "STICKY",
+            "NAMESPACE"
+        ],
+        "{table}"
+    );
+    for (p, addrs) in &first {
+        for a in addrs {
+            assert!(
+                table.lines().any(|l| {
+                    let cells: Vec<&str> = l.split_whitespace().collect();
+                    cells.get(1) == Some(&"fabric-db")
+                        && cells.get(2) == Some(&a.to_string().as_str())
+                        && cells.get(4) == Some(&format!("{ns}/{p}").as_str())
+                        && cells.get(6) == Some(&"Bound")
+                        && cells.get(8) == Some(&"true")
+                }),
+                "no row for {p}'s {a}:\n{table}"
+            );
+        }
+    }
+    for claim in c
+        .ipclaims()
+        .iter()
+        .filter(|k| k["spec"]["namespace"] == ns.as_str())
+    {
+        let conditions = &claim["status"]["conditions"];
+        assert_eq!(conditions[0]["type"], "Held", "{claim}");
+        assert_eq!(conditions[0]["status"], "True", "{claim}");
+        assert_eq!(conditions[1]["type"], "Reserved", "{claim}");
+        assert_eq!(conditions[1]["status"], "False", "{claim}");
+    }
 
     // kubectl delete pod: the StatefulSet controller recreates it.
     let t = Instant::now();

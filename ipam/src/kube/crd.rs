@@ -27,12 +27,15 @@ use crate::claim::{Claim, Holder, Owner};
     plural = "ipclaims",
     shortname = "ipc",
     status = "IPClaimStatus",
+    printcolumn = r#"{"name":"Network","type":"string","jsonPath":".spec.network"}"#,
     printcolumn = r#"{"name":"IP","type":"string","jsonPath":".spec.ip"}"#,
     printcolumn = r#"{"name":"Identity","type":"string","jsonPath":".spec.identity"}"#,
     printcolumn = r#"{"name":"Pod","type":"string","jsonPath":".status.pod"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.node"}"#,
-    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Sticky","type":"boolean","jsonPath":".spec.sticky","priority":1}"#,
+    printcolumn = r#"{"name":"Namespace","type":"string","jsonPath":".spec.namespace","priority":1}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct IPClaimSpec {
@@ -87,17 +90,100 @@ pub struct IPClaimStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<Holder>,
     pub updated: u64,
+    /// Held (an attachment uses the address) and, for a sticky claim,
+    /// Reserved (the address is kept for its identity while none does).
+    // Derived from the claim and written in the same PUT as it, so they
+    // cost no request; readers ignore them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<ClaimCondition>,
+}
+
+/// A condition in the shape of metav1.Condition.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimCondition {
+    /// Held: an attachment uses the address; Reserved: the address is kept
+    /// for a sticky identity with no holder.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// "True" or "False".
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    /// When the holder last changed (RFC 3339).
+    pub last_transition_time: String,
 }
 
 pub const PHASE_BOUND: &str = "Bound";
 pub const PHASE_RESERVED: &str = "Reserved";
 
+/// The conditions of a claim: `Held` always, `Reserved` for a sticky one.
+fn conditions(c: &Claim) -> Vec<ClaimCondition> {
+    let at = cni::log::rfc3339_seconds(c.updated);
+    let condition = |type_: &str, held: bool, reason: &str, message: String| ClaimCondition {
+        type_: type_.into(),
+        status: if held { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time: at.clone(),
+    };
+    let mut out = vec![match &c.holder {
+        Some(h) => condition(
+            "Held",
+            true,
+            "AttachmentHolds",
+            format!("{} uses {}", h.describe(), c.ip),
+        ),
+        None => condition(
+            "Held",
+            false,
+            "NoHolder",
+            format!("no attachment uses {}", c.ip),
+        ),
+    }];
+    if c.sticky {
+        out.push(match &c.holder {
+            Some(_) => condition(
+                "Reserved",
+                false,
+                "InUse",
+                format!("{} is in use by its identity", c.ip),
+            ),
+            None => condition(
+                "Reserved",
+                true,
+                "StickyIdentity",
+                format!(
+                    "{} is kept for identity {:?} until it comes back or is released (sticky-macvlan release --identity)",
+                    c.ip, c.identity
+                ),
+            ),
+        });
+    }
+    out
+}
+
 /// The CRDs as installed: IPClaim, then IPLock.
 pub fn definitions() -> Vec<serde_json::Value> {
     vec![
-        without_status(serde_json::to_value(IPClaim::crd()).unwrap_or_default()),
-        serde_json::to_value(IPLock::crd()).unwrap_or_default(),
+        described(
+            without_status(serde_json::to_value(IPClaim::crd()).unwrap_or_default()),
+            "One identity's address on a network, in one address family, and the attachment (pod sandbox, interface, node) that holds it. Written by the sticky-macvlan CNI plugin on every node; read it with kubectl get ipclaims, change it only with sticky-macvlan release.",
+        ),
+        described(
+            serde_json::to_value(IPLock::crd()).unwrap_or_default(),
+            "The lock on one address of a network: created before the IPClaim that names the address and deleted after it, so no two identities hold one address. Written by the sticky-macvlan CNI plugin; never edit it by hand.",
+        ),
     ]
+}
+
+/// The CRD with `text` as its schema's description, instead of the one
+/// kube-rs generates ("Auto-generated derived type ...").
+fn described(mut crd: serde_json::Value, text: &str) -> serde_json::Value {
+    if let Some(schema) = crd.pointer_mut("/spec/versions/0/schema/openAPIV3Schema") {
+        schema["description"] = serde_json::Value::String(text.into());
+    }
+    crd
 }
 
 /// The IPClaim CRD without the status subresource (see the module doc),
@@ -202,6 +288,7 @@ pub fn to_object(obj: &ClaimObject) -> IPClaim {
             node: c.holder.as_ref().map(|h| h.node.clone()),
             holder: c.holder.clone(),
             updated: c.updated,
+            conditions: conditions(c),
         }),
     }
 }
@@ -281,6 +368,82 @@ mod tests {
         let columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
             .as_array()
             .unwrap();
-        assert_eq!(columns.len(), 6);
+        let names: Vec<&str> = columns.iter().filter_map(|c| c["name"].as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "Network",
+                "IP",
+                "Identity",
+                "Pod",
+                "Node",
+                "State",
+                "Age",
+                "Sticky",
+                "Namespace"
+            ]
+        );
+        for crd in &crds {
+            let d = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(!d.is_empty() && !d.contains("Auto-generated"), "{d}");
+        }
+    }
+
+    #[test]
+    fn conditions_say_who_holds_the_address_and_for_whom_it_is_kept() {
+        let holder = Holder {
+            container_id: "abc".into(),
+            ifname: "net1".into(),
+            netns: String::new(),
+            netns_id: None,
+            pod_namespace: Some("db".into()),
+            pod_name: Some("db-0".into()),
+            pod_uid: Some("u".into()),
+            node: "node1".into(),
+            boot_id: String::new(),
+            since: 5,
+        };
+        let claim = |sticky: bool, holder: Option<Holder>| Claim {
+            ip: "10.0.0.5".parse().unwrap(),
+            identity: "db/db-0".into(),
+            sticky,
+            holder,
+            owner: None,
+            namespace: None,
+            created: 1,
+            updated: 1_700_000_000,
+        };
+        let brief = |c: &Claim| -> Vec<(String, String, String)> {
+            conditions(c)
+                .into_iter()
+                .map(|k| (k.type_, k.status, k.reason))
+                .collect()
+        };
+        let s = |a: &str, b: &str, c: &str| (a.to_string(), b.to_string(), c.to_string());
+        assert_eq!(
+            brief(&claim(true, Some(holder.clone()))),
+            [
+                s("Held", "True", "AttachmentHolds"),
+                s("Reserved", "False", "InUse")
+            ]
+        );
+        assert_eq!(
+            brief(&claim(true, None)),
+            [
+                s("Held", "False", "NoHolder"),
+                s("Reserved", "True", "StickyIdentity")
+            ]
+        );
+        assert_eq!(
+            brief(&claim(false, Some(holder))),
+            [s("Held", "True", "AttachmentHolds")]
+        );
+        let c = conditions(&claim(false, None));
+        assert_eq!(c[0].last_transition_time, "2023-11-14T22:13:20Z");
+        assert!(conditions(&claim(true, None))[1]
+            .message
+            .contains("db/db-0"));
     }
 }
