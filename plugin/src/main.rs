@@ -8,6 +8,15 @@ const PROGRAM: &str = "sticky-macvlan";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // kubectl runs its plugins by name: `kubectl sticky` is this binary
+    // installed (or linked) as kubectl-sticky.
+    let invoked_as = std::env::args().next().unwrap_or_default();
+    if std::path::Path::new(&invoked_as)
+        .file_name()
+        .is_some_and(|n| n == "kubectl-sticky")
+    {
+        return sticky_ipam::cli::kubectl_plugin(&args);
+    }
     if std::env::var_os("CNI_COMMAND").is_none() && !args.is_empty() {
         return cli::main(&args);
     }

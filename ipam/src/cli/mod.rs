@@ -54,7 +54,11 @@ pub const STORE_OPTIONS: &str = "\
   --cri-socket PATH   the container runtime's CRI socket, asked whether the
                       sandbox of an imported host-local holder still exists
                       (default /run/containerd/containerd.sock; \"\" asks none)
-  --json              claims: print JSON instead of a table
+  --context NAME      the kubeconfig's context to use (default: its current one)
+  --namespace NS      claims: only the claims of namespace NS (the identity's
+                      namespace, or the holder pod's)
+  --output FORMAT     claims: json, yaml or wide (adds the liveness reason)
+  --json              claims: the same as --output json
 ";
 
 struct Opts {
@@ -65,7 +69,10 @@ struct Opts {
     flags: Vec<String>,
 }
 
-const VALUE_OPTS: [&str; 11] = [
+const VALUE_OPTS: [&str; 14] = [
+    "--context",
+    "--namespace",
+    "--output",
     "--cri-socket",
     "--dir",
     "--kubeconfig",
@@ -139,8 +146,11 @@ impl Opts {
                 ))
             })?),
         };
+        let context = self.values.get("--context").map(String::as_str);
         let client = match path {
-            Some(path) => KubeClient::from_kubeconfig(std::path::Path::new(path), timeout),
+            Some(path) => {
+                KubeClient::from_kubeconfig_context(std::path::Path::new(path), context, timeout)
+            }
             None => KubeClient::in_cluster(timeout),
         }
         .map_err(StoreError::from)?;
@@ -261,6 +271,75 @@ pub fn run(program: &str, command: &str, args: &[String]) -> Option<ExitCode> {
     })
 }
 
+pub const KUBECTL_HELP: &str = "\
+kubectl sticky: sticky-macvlan's claims on the cluster in kubectl's terms
+(install: put the sticky-macvlan binary on your PATH as kubectl-sticky)
+
+Usage: kubectl sticky <command> [options]
+
+Commands:
+  claims      list the IPClaims with their state judged from the API:
+              network, IP, identity, sticky, pod, container, node, state, age
+  release     remove a claim: --network NET (--ip IP | --identity ID) [--force]
+  reconcile   release every holder the API proves dead (once)
+
+Options, as kubectl takes them:
+  --kubeconfig PATH        default: $KUBECONFIG, else ~/.kube/config
+  --context NAME           a context of that kubeconfig
+  -n, --namespace NS       only the claims of that namespace (the identity's,
+                           or its holder pod's); default: every namespace
+  -A, --all-namespaces     every namespace (the default)
+  -o, --output FORMAT      json, yaml or wide (wide adds the liveness reason)
+  --network NET            only that network
+";
+
+/// `kubectl sticky ...` (the binary run as `kubectl-sticky`): the claim
+/// commands on the kubernetes store, with kubectl's flags translated.
+pub fn kubectl_plugin(args: &[String]) -> ExitCode {
+    let command = args.first().map(String::as_str).unwrap_or("help");
+    if matches!(command, "help" | "--help" | "-h") {
+        print!("{KUBECTL_HELP}");
+        return ExitCode::SUCCESS;
+    }
+    if !matches!(command, "claims" | "release" | "reconcile") {
+        eprintln!("kubectl sticky: unknown command {command:?}; run `kubectl sticky --help`");
+        return ExitCode::from(2);
+    }
+    let mut out: Vec<String> = Vec::new();
+    for a in &args[1..] {
+        // --output=json and -ojson, as kubectl accepts them.
+        let (flag, value) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ if a.starts_with("-o") && a.len() > 2 => ("-o".to_string(), Some(a[2..].to_string())),
+            _ => (a.clone(), None),
+        };
+        let flag = match flag.as_str() {
+            "-o" => "--output".to_string(),
+            "-n" => "--namespace".to_string(),
+            "-A" | "--all-namespaces" => continue,
+            _ => flag,
+        };
+        out.push(flag);
+        out.extend(value);
+    }
+    if !out.iter().any(|a| a == "--kubeconfig") {
+        let path = std::env::var("KUBECONFIG")
+            .ok()
+            .and_then(|v| v.split(':').find(|p| !p.is_empty()).map(str::to_string))
+            .or_else(|| {
+                std::env::var("HOME")
+                    .ok()
+                    .map(|h| format!("{h}/.kube/config"))
+            });
+        let Some(path) = path else {
+            eprintln!("kubectl sticky: no kubeconfig: set KUBECONFIG or pass --kubeconfig");
+            return ExitCode::from(2);
+        };
+        out.extend(["--kubeconfig".to_string(), path]);
+    }
+    run("kubectl sticky", command, &out).unwrap_or(ExitCode::from(2))
+}
+
 /// The `sticky-ipam` binary's whole CLI.
 pub fn main(program: &str, args: &[String]) -> ExitCode {
     let command = args.first().map(String::as_str).unwrap_or("help");
@@ -306,7 +385,45 @@ fn state(claim: &Claim, inspector: &dyn Inspector) -> (&'static str, String) {
     }
 }
 
+/// How `claims` prints: a table (`wide` adds the reason), JSON or YAML.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Table,
+    Wide,
+    Json,
+    Yaml,
+}
+
+impl Opts {
+    fn output(&self) -> CniResult<Output> {
+        match self.values.get("--output").map(String::as_str) {
+            None if self.flag("--json") => Ok(Output::Json),
+            None => Ok(Output::Table),
+            Some("json") => Ok(Output::Json),
+            Some("yaml") => Ok(Output::Yaml),
+            Some("wide") => Ok(Output::Wide),
+            Some(other) => Err(CniError::invalid_config(format!(
+                "--output {other:?} is not one of json, yaml, wide"
+            ))),
+        }
+    }
+
+    /// Whether `claim` is of the namespace `--namespace` names (its
+    /// identity's, or its holder pod's); every claim when none is named.
+    fn in_namespace(&self, claim: &Claim) -> bool {
+        let Some(ns) = self.values.get("--namespace") else {
+            return true;
+        };
+        claim.namespace.as_deref() == Some(ns.as_str())
+            || claim
+                .holder
+                .as_ref()
+                .is_some_and(|h| h.pod_namespace.as_deref() == Some(ns.as_str()))
+    }
+}
+
 fn claims(opts: &Opts) -> CniResult<()> {
+    let output = opts.output()?;
     let backend = opts.backend()?;
     let (inspector, judged_from) = opts.inspector(&backend)?;
     let now = now_secs();
@@ -320,13 +437,14 @@ fn claims(opts: &Opts) -> CniResult<()> {
         "NODE",
         "STATE",
         "AGE",
+        "REASON",
     ]
     .map(String::from)];
     let mut json = Vec::new();
     for network in opts.networks(&backend)? {
         let mut store = backend.open(&network, vec![])?;
         let listing = store.list()?;
-        for c in &listing.claims {
+        for c in listing.claims.iter().filter(|c| opts.in_namespace(c)) {
             let h = c.holder.as_ref();
             let (st, reason) = state(c, inspector.as_ref());
             json.push(serde_json::json!({"network": network, "claim": c, "state": st, "reason": reason, "judgedFrom": judged_from}));
@@ -344,9 +462,16 @@ fn claims(opts: &Opts) -> CniResult<()> {
                 h.map(|h| h.node.clone()).unwrap_or_else(|| "-".into()),
                 st.to_string(),
                 age(c.updated, now),
+                reason,
             ]);
         }
-        for d in &listing.damaged {
+        // A damaged record has no namespace to filter by.
+        let damaged = if opts.values.contains_key("--namespace") {
+            &[][..]
+        } else {
+            &listing.damaged[..]
+        };
+        for d in damaged {
             let name = d
                 .path
                 .file_name()
@@ -363,6 +488,7 @@ fn claims(opts: &Opts) -> CniResult<()> {
                 "-".into(),
                 "damaged".into(),
                 "-".into(),
+                d.why.clone(),
             ]);
             eprintln!(
                 "{network}: record {} is damaged: {}",
@@ -371,12 +497,22 @@ fn claims(opts: &Opts) -> CniResult<()> {
             );
         }
     }
-    if opts.flag("--json") {
-        println!("{}", serde_json::Value::Array(json));
-        return Ok(());
+    match output {
+        Output::Json => {
+            println!("{}", serde_json::Value::Array(json));
+            return Ok(());
+        }
+        Output::Yaml => {
+            let text = serde_saphyr::to_string(&serde_json::Value::Array(json))
+                .map_err(|e| CniError::io(format!("cannot write YAML: {e}")))?;
+            print!("{text}");
+            return Ok(());
+        }
+        Output::Table => rows.iter_mut().for_each(|r| r[9].clear()),
+        Output::Wide => {}
     }
     eprintln!("states judged from {judged_from}");
-    let widths: Vec<usize> = (0..9)
+    let widths: Vec<usize> = (0..10)
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();
     for row in &rows {

@@ -51,7 +51,9 @@ fn runtime() -> Result<Runtime, ApiError> {
         .map_err(|e| ApiError::Client(format!("cannot start the kube client runtime: {e}")))
 }
 
-fn classify(what: &str, e: kube::Error) -> ApiError {
+/// `server` is named when the API server itself did not answer, so the
+/// operator knows which address failed.
+fn classify(what: &str, server: &str, e: kube::Error) -> ApiError {
     match e {
         kube::Error::Api(status) => {
             let msg = format!(
@@ -64,7 +66,7 @@ fn classify(what: &str, e: kube::Error) -> ApiError {
                 _ => ApiError::Refused(msg),
             }
         }
-        other => ApiError::Unreachable(format!("{what}: {}", chain(&other))),
+        other => ApiError::Unreachable(format!("{what} at {server}: {}", chain(&other))),
     }
 }
 
@@ -97,6 +99,16 @@ impl KubeClient {
     }
 
     pub fn from_kubeconfig(path: &Path, timeout: Duration) -> Result<KubeClient, ApiError> {
+        KubeClient::from_kubeconfig_context(path, None, timeout)
+    }
+
+    /// The same with `context` instead of the kubeconfig's current one
+    /// (kubectl's `--context`).
+    pub fn from_kubeconfig_context(
+        path: &Path,
+        context: Option<&str>,
+        timeout: Duration,
+    ) -> Result<KubeClient, ApiError> {
         let runtime = runtime()?;
         let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
             ApiError::Client(format!(
@@ -107,7 +119,10 @@ impl KubeClient {
         let config = runtime
             .block_on(Config::from_custom_kubeconfig(
                 kubeconfig,
-                &KubeConfigOptions::default(),
+                &KubeConfigOptions {
+                    context: context.map(str::to_string),
+                    ..KubeConfigOptions::default()
+                },
             ))
             .map_err(|e| ApiError::Client(format!("kubeconfig {}: {e}", path.display())))?;
         KubeClient::with_config(runtime, config, timeout)
@@ -189,10 +204,10 @@ impl KubeClient {
         let lp = ListParams::default().limit(1);
         let what = "list ipclaims";
         self.bounded(what, self.claims().list(&lp))?
-            .map_err(|e| collection_error(what, e))?;
+            .map_err(|e| collection_error(what, &self.server, e))?;
         let what = "list iplocks";
         self.bounded(what, self.locks().list(&lp))?
-            .map_err(|e| collection_error(what, e))?;
+            .map_err(|e| collection_error(what, &self.server, e))?;
         Ok(())
     }
 
@@ -220,7 +235,8 @@ impl KubeClient {
         what: &str,
         fut: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> ApiResult<T> {
-        self.bounded(what, fut)?.map_err(|e| classify(what, e))
+        self.bounded(what, fut)?
+            .map_err(|e| classify(what, &self.server, e))
     }
 
     /// A read where 404 means "not there".
@@ -232,7 +248,7 @@ impl KubeClient {
         match self.bounded(what, fut)? {
             Ok(v) => Ok(Some(v)),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
-            Err(e) => Err(match classify(what, e) {
+            Err(e) => Err(match classify(what, &self.server, e) {
                 // A 409 on a read is not a write conflict.
                 ApiError::Conflict(m) => ApiError::Refused(m),
                 other => other,
@@ -268,7 +284,7 @@ impl KubeClient {
             }
             let page = self
                 .bounded(what, api.list(&lp))?
-                .map_err(|e| collection_error(what, e))?;
+                .map_err(|e| collection_error(what, &self.server, e))?;
             for o in &page.items {
                 each(o)?;
             }
@@ -306,14 +322,14 @@ fn nodelay_client(config: Config) -> Result<Client, kube::Error> {
 
 /// A 404 on the collection itself (list, create) means the resource type
 /// does not exist: the CRD is not installed, which no retry fixes.
-fn collection_error(what: &str, e: kube::Error) -> ApiError {
+fn collection_error(what: &str, server: &str, e: kube::Error) -> ApiError {
     match e {
         kube::Error::Api(s) if s.code == 404 => ApiError::Refused(format!(
             "{what}: the API server does not know this resource of {} ({}): install the CRDs with `sticky-macvlan crd | kubectl apply -f -` (examples/ipclaim-crd.yaml)",
             super::GROUP,
             s.message
         )),
-        other => classify(what, other),
+        other => classify(what, server, other),
     }
 }
 
@@ -388,7 +404,7 @@ impl KubeApi for KubeClient {
         );
         let created = self
             .bounded(&what, api.create(&PostParams::default(), &o))?
-            .map_err(|e| collection_error(&what, e))?;
+            .map_err(|e| collection_error(&what, &self.server, e))?;
         from_lock(&created).map_err(ApiError::Refused)
     }
 
@@ -415,7 +431,7 @@ impl KubeApi for KubeClient {
         );
         let created = self
             .bounded(&what, api.create(&PostParams::default(), &o))?
-            .map_err(|e| collection_error(&what, e))?;
+            .map_err(|e| collection_error(&what, &self.server, e))?;
         decoded(&created)
     }
 
@@ -508,7 +524,7 @@ impl KubeApi for KubeClient {
                 ))
             })?
             .map(drop)
-            .map_err(|e| classify(&what, e))
+            .map_err(|e| classify(&what, &self.server, e))
     }
 }
 
