@@ -8,6 +8,7 @@
 #
 # Writes DIR (default target/release-image) with:
 #   bin/sticky-macvlan, bin/sticky-ipam   the host binaries (glibc >= 2.28)
+#   bin/kubectl-sticky                    a link: the kubectl plugin
 #   sticky-macvlan-image.tar              localhost/sticky-macvlan:<version>,
 #                                         a docker-archive that
 #                                         `ctr -n k8s.io images import` and
@@ -62,6 +63,8 @@ done
 rm -rf "$out"
 mkdir -p "$out/bin"
 cp "$built/sticky-macvlan" "$built/sticky-ipam" "$out/bin/"
+# kubectl runs it as a plugin by this name (`kubectl sticky claims`).
+ln -s sticky-macvlan "$out/bin/kubectl-sticky"
 
 # The image: both binaries at / with the C library they load inside the
 # container (the installer runs there; the host's own glibc serves them

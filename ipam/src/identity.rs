@@ -8,7 +8,7 @@ use cni::{CniArgs, CniError, CniResult};
 use serde_json::{Map, Value};
 
 use crate::claim::{validate_identity, Owner};
-use crate::config::{IdentityPolicy, IpamConfig};
+use crate::config::{IdentityFrom, IdentityPolicy, IpamConfig};
 use crate::pod::{PodFacts, IDENTITY_ANNOTATION};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +17,8 @@ pub enum IdentitySource {
     Config,
     PodName,
     Annotation,
+    /// The pod label or annotation `ipam.identityFrom` names.
+    PodKey,
     StatefulSet,
     Container,
 }
@@ -28,6 +30,7 @@ impl IdentitySource {
             IdentitySource::Config => "ipam.identity",
             IdentitySource::PodName => "pod name (identityPolicy podName)",
             IdentitySource::Annotation => "pod annotation sticky-macvlan.io/identity",
+            IdentitySource::PodKey => "pod label or annotation of ipam.identityFrom",
             IdentitySource::StatefulSet => "StatefulSet pod name",
             IdentitySource::Container => "container ID and ifname (dynamic)",
         }
@@ -117,17 +120,39 @@ pub fn resolve(
         })?;
         Ok(Some(key))
     };
-    if let Some((set_name, set_uid)) = pod.and_then(|p| p.stateful_set.as_ref()) {
+    if let (Some(from), Some(pod), Some(ns)) = (&conf.identity_from, pod, &args.pod_namespace) {
+        let (what, key, value) = match from {
+            IdentityFrom::Label(k) => ("label", k, pod.labels.get(k)),
+            IdentityFrom::Annotation(k) => ("annotation", k, pod.annotations.get(k)),
+        };
+        if let Some(value) = value.filter(|v| !v.is_empty()) {
+            // Namespaced: a pod can only ever name an identity of its own
+            // namespace this way, whatever label it is given.
+            let id = format!("{ns}/{value}");
+            validate_identity(&id).map_err(|why| {
+                CniError::invalid_config(format!(
+                    "pod {what} {key} (ipam.identityFrom) gives identity {why}: fix the pod template"
+                ))
+            })?;
+            return Ok(Identity {
+                key: id,
+                sticky: true,
+                source: IdentitySource::PodKey,
+                owner: None,
+            });
+        }
+    }
+    if let Some(owner) = pod.and_then(|p| p.stateful_set.as_ref()) {
         if let Some(key) = pod_key()? {
             return Ok(Identity {
                 key,
                 sticky: true,
                 source: IdentitySource::StatefulSet,
                 owner: Some(Owner {
-                    kind: "StatefulSet".into(),
+                    kind: owner.kind.into(),
                     namespace: args.pod_namespace.clone().unwrap_or_default(),
-                    name: set_name.clone(),
-                    uid: set_uid.clone(),
+                    name: owner.name.clone(),
+                    uid: owner.uid.clone(),
                 }),
             });
         }
@@ -186,7 +211,11 @@ mod tests {
         }
         let stateful = PodFacts {
             uid: "u1".into(),
-            stateful_set: Some(("rs0".into(), "ss-uid".into())),
+            stateful_set: Some(crate::pod::StableOwner {
+                kind: crate::pod::STATEFUL_SET,
+                name: "rs0".into(),
+                uid: "ss-uid".into(),
+            }),
             ..PodFacts::default()
         };
         let annotated = PodFacts {
@@ -271,6 +300,134 @@ mod tests {
             assert_eq!((id.key.as_str(), id.sticky, id.source), c.want);
             assert_eq!(id.owner.is_some(), c.want.2 == IdentitySource::StatefulSet);
         }
+    }
+
+    /// `identityFrom` and other controllers than StatefulSet.
+    #[test]
+    fn identities_from_a_configured_key_and_other_ordinal_controllers() {
+        let kube = json!({"store": {"type": "kubernetes", "kubeconfig": "/k"}});
+        let with = |k: &str, v: Value| {
+            let mut c = kube.clone();
+            c[k] = v;
+            c
+        };
+        let labelled = PodFacts {
+            uid: "u1".into(),
+            labels: [("example.com/ordinal".to_string(), "peer-3".to_string())].into(),
+            annotations: [("example.com/slot".to_string(), "slot-1".to_string())].into(),
+            ..PodFacts::default()
+        };
+        let kruise = PodFacts {
+            stateful_set: Some(crate::pod::StableOwner {
+                kind: crate::pod::ADVANCED_STATEFUL_SET,
+                name: "rs0".into(),
+                uid: "asts-uid".into(),
+            }),
+            ..labelled.clone()
+        };
+        // (ipam, pod, identity, source, owner kind)
+        let cases: Vec<(Value, PodFacts, &str, IdentitySource, Option<&str>)> = vec![
+            // The label's value, in the pod's own namespace.
+            (
+                with("identityFrom", json!({"label": "example.com/ordinal"})),
+                labelled.clone(),
+                "bgp/peer-3",
+                IdentitySource::PodKey,
+                None,
+            ),
+            (
+                with("identityFrom", json!({"annotation": "example.com/slot"})),
+                labelled.clone(),
+                "bgp/slot-1",
+                IdentitySource::PodKey,
+                None,
+            ),
+            // A pod without the key falls through to the next source.
+            (
+                with("identityFrom", json!({"label": "example.com/absent"})),
+                labelled.clone(),
+                "container:c1/net1",
+                IdentitySource::Container,
+                None,
+            ),
+            (
+                with("identityFrom", json!({"label": "example.com/absent"})),
+                kruise.clone(),
+                "bgp/rs0-0",
+                IdentitySource::StatefulSet,
+                Some(crate::pod::ADVANCED_STATEFUL_SET),
+            ),
+            // The configured key wins over the owner.
+            (
+                with("identityFrom", json!({"label": "example.com/ordinal"})),
+                kruise.clone(),
+                "bgp/peer-3",
+                IdentitySource::PodKey,
+                None,
+            ),
+            // An Advanced StatefulSet's pod is sticky by its name.
+            (
+                kube.clone(),
+                kruise,
+                "bgp/rs0-0",
+                IdentitySource::StatefulSet,
+                Some(crate::pod::ADVANCED_STATEFUL_SET),
+            ),
+        ];
+        for (ipam, pod, key, source, owner) in cases {
+            let id = resolve(
+                &conf(ipam.clone()),
+                &Map::new(),
+                &k8s(),
+                "c1",
+                "net1",
+                Some(&pod),
+            )
+            .unwrap_or_else(|e| panic!("{ipam}: {}", e.msg));
+            assert_eq!((id.key.as_str(), id.source), (key, source), "{ipam}");
+            assert_eq!(id.owner.as_ref().map(|o| o.kind.as_str()), owner, "{ipam}");
+        }
+        // Bad configs: not one key, an unknown kind, the file store.
+        for (ipam, want) in [
+            (with("identityFrom", json!({})), "takes one non-empty key"),
+            (
+                with("identityFrom", json!({"label": "a", "annotation": "b"})),
+                "takes one non-empty key",
+            ),
+            (
+                with("identityFrom", json!({"label": ""})),
+                "takes one non-empty key",
+            ),
+            (
+                with("identityFrom", json!({"field": "x"})),
+                "identityFrom.field is unknown",
+            ),
+            (json!({"identityFrom": {"label": "x"}}), "needs \"store\""),
+        ] {
+            let mut v = json!({"subnet": "10.0.0.0/24"});
+            v.as_object_mut()
+                .unwrap()
+                .extend(ipam.as_object().unwrap().clone());
+            let e = IpamConfig::parse("n", &v).unwrap_err();
+            assert!(e.msg.contains(want), "{ipam}: {}", e.msg);
+        }
+        // A value that is no identity is named.
+        let mut bad = labelled;
+        bad.labels
+            .insert("example.com/ordinal".into(), "a\u{0}b".into());
+        let e = resolve(
+            &conf(with(
+                "identityFrom",
+                json!({"label": "example.com/ordinal"}),
+            )),
+            &Map::new(),
+            &k8s(),
+            "c1",
+            "net1",
+            Some(&bad),
+        )
+        .unwrap_err();
+        assert!(e.msg.contains("pod label example.com/ordinal"), "{}", e.msg);
     }
 
     #[test]

@@ -19,6 +19,7 @@ const IPAM_KEYS: &[&str] = &[
     "reservations",
     "identity",
     "identityPolicy",
+    "identityFrom",
     "dataDir",
     "store",
     "nodeName",

@@ -36,6 +36,15 @@ pub enum IdentityPolicy {
     PodName,
 }
 
+/// `identityFrom`: a pod label or annotation whose value, prefixed with
+/// the pod's namespace, is its identity (for controllers other than
+/// StatefulSet whose pods carry a stable name or ordinal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdentityFrom {
+    Label(String),
+    Annotation(String),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpamConfig {
     pub network: String,
@@ -48,6 +57,7 @@ pub struct IpamConfig {
     /// (`reservations.<identity>.namespaces`); see `tenancy`.
     pub identity_namespaces: BTreeMap<String, Vec<String>>,
     pub identity: Option<String>,
+    pub identity_from: Option<IdentityFrom>,
     pub policy: IdentityPolicy,
     pub store_dir: PathBuf,
     pub store: StoreKind,
@@ -118,6 +128,7 @@ struct RawIpam {
     reservations: Option<BTreeMap<String, RawReservation>>,
     identity: Option<String>,
     identity_policy: Option<String>,
+    identity_from: Option<BTreeMap<String, String>>,
     data_dir: Option<String>,
     store: Option<RawStore>,
     node_name: Option<String>,
@@ -194,6 +205,7 @@ impl IpamConfig {
         };
 
         let (store_kind, store_dir) = parse_store(raw.store, raw.data_dir)?;
+        let identity_from = parse_identity_from(raw.identity_from, &store_kind)?;
 
         let max_scan = match raw.max_scan {
             None => DEFAULT_MAX_SCAN,
@@ -220,6 +232,7 @@ impl IpamConfig {
             reservations,
             identity_namespaces,
             identity,
+            identity_from,
             policy,
             store_dir,
             store: store_kind,
@@ -378,6 +391,40 @@ fn parse_reservations(
 
 /// `store` (and host-local's `dataDir`): where claims live, and the
 /// directory of the file store or of the node-local record.
+/// `identityFrom`: exactly one of `label` or `annotation`, a key; only
+/// with the kubernetes store, which reads the pod.
+fn parse_identity_from(
+    raw: Option<BTreeMap<String, String>>,
+    store: &StoreKind,
+) -> CniResult<Option<IdentityFrom>> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    let mut entries = raw.into_iter();
+    let from = match (entries.next(), entries.next()) {
+        (Some((kind, key)), None) if !key.is_empty() => match kind.as_str() {
+            "label" => IdentityFrom::Label(key),
+            "annotation" => IdentityFrom::Annotation(key),
+            other => {
+                return Err(bad(format!(
+                    "ipam.identityFrom.{other} is unknown: use {{\"label\": \"KEY\"}} or {{\"annotation\": \"KEY\"}}"
+                )))
+            }
+        },
+        _ => {
+            return Err(bad(
+                "ipam.identityFrom takes one non-empty key: {\"label\": \"KEY\"} or {\"annotation\": \"KEY\"}".into(),
+            ))
+        }
+    };
+    if !matches!(store, StoreKind::Kubernetes { .. }) {
+        return Err(bad(
+            "ipam.identityFrom reads the pod from the kubernetes API: it needs \"store\": {\"type\": \"kubernetes\", ...}".into(),
+        ));
+    }
+    Ok(Some(from))
+}
+
 fn parse_store(
     store: Option<RawStore>,
     data_dir: Option<String>,

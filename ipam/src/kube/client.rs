@@ -35,7 +35,7 @@ use super::{
     ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi, LockObject, OUT_OF_SERVICE_TAINT,
 };
 use crate::events::PodEvent;
-use crate::pod::{PodFacts, IDENTITY_ANNOTATION};
+use crate::pod::{stable_owner_kind, PodFacts, StableOwner, IDENTITY_ANNOTATION};
 
 pub struct KubeClient {
     runtime: Runtime,
@@ -532,8 +532,14 @@ pub fn pod_facts(p: &Pod) -> PodFacts {
     let stateful_set = p.metadata.owner_references.as_ref().and_then(|owners| {
         owners
             .iter()
-            .find(|o| o.kind == "StatefulSet" && o.controller == Some(true))
-            .map(|o| (o.name.clone(), o.uid.clone()))
+            .filter(|o| o.controller == Some(true))
+            .find_map(|o| {
+                Some(StableOwner {
+                    kind: stable_owner_kind(&o.api_version, &o.kind)?,
+                    name: o.name.clone(),
+                    uid: o.uid.clone(),
+                })
+            })
     });
     PodFacts {
         uid: p.metadata.uid.clone().unwrap_or_default(),
@@ -546,6 +552,8 @@ pub fn pod_facts(p: &Pod) -> PodFacts {
             .as_ref()
             .and_then(|a| a.get(IDENTITY_ANNOTATION).cloned()),
         stateful_set,
+        labels: p.metadata.labels.clone().unwrap_or_default(),
+        annotations: p.metadata.annotations.clone().unwrap_or_default(),
     }
 }
 

@@ -153,7 +153,7 @@ pub fn owner_gone(owner: &Owner, found: &Lookup<String>) -> bool {
 
 impl Inspector for KubeInspector<'_> {
     fn owner_retired(&self, owner: &Owner) -> bool {
-        if owner.kind != "StatefulSet" {
+        if owner.kind != crate::pod::STATEFUL_SET {
             return false;
         }
         let key = format!("{}/{}", owner.namespace, owner.name);
@@ -354,6 +354,25 @@ mod tests {
         };
         assert!(inspector.verdict(&holder(), Some(&same_pod)).is_dead());
         assert_eq!(api.calls.borrow().len(), 1);
+        // An Advanced StatefulSet is never judged deleted: we cannot read
+        // it, and a GET of an apps/v1 StatefulSet of its name would say
+        // "gone" and free its pods' reserved addresses.
+        let kruise = Owner {
+            kind: crate::pod::ADVANCED_STATEFUL_SET.into(),
+            namespace: "ns".into(),
+            name: "rs0".into(),
+            uid: "asts-uid".into(),
+        };
+        assert!(!inspector.owner_retired(&kruise));
+        assert_eq!(api.calls.borrow().len(), 1, "no request for it");
+        let gone = Owner {
+            kind: crate::pod::STATEFUL_SET.into(),
+            ..kruise
+        };
+        assert!(
+            inspector.owner_retired(&gone),
+            "an apps/v1 StatefulSet the API lacks"
+        );
         // On its own node, a holder whose netns is gone is dead without the API.
         let local = KubeInspector::new(
             &api,
@@ -369,6 +388,7 @@ mod tests {
             v.is_dead() && v.reason().contains("no longer exists"),
             "{v:?}"
         );
-        assert_eq!(api.calls.borrow().len(), 1);
+        // Only the StatefulSet lookup above was added.
+        assert_eq!(api.calls.borrow().len(), 2, "{:?}", api.calls.borrow());
     }
 }
