@@ -325,18 +325,10 @@ impl Topology {
                 .is_ok_and(|(code, _)| code == 200)
         });
         api.install_crd();
-        let rbac = std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/rbac.yaml"),
-        )
-        .expect("read examples/rbac.yaml");
-        let role = rbac
-            .split("\n---")
-            .find(|doc| {
-                doc.contains("kind: ClusterRole\n") && doc.contains("name: sticky-macvlan\n")
-            })
-            .expect("examples/rbac.yaml has the sticky-macvlan ClusterRole");
-        let role: Value = serde_saphyr::from_str(role).expect("parse the ClusterRole");
-        api.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", role);
+        api.create(
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+            plugin_cluster_role(),
+        );
         api.create(
             "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
             json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
@@ -412,6 +404,19 @@ pub const STANDIN_CA: &str = include_str!("../standin-ca.pem");
 
 /// A kubeconfig as `sticky-macvlan install` writes it (the stand-in
 /// ignores the token).
+/// The node plugin's ClusterRole, as examples/rbac.yaml defines it.
+pub fn plugin_cluster_role() -> Value {
+    let rbac = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/rbac.yaml"),
+    )
+    .expect("read examples/rbac.yaml");
+    let role = rbac
+        .split("\n---")
+        .find(|doc| doc.contains("kind: ClusterRole\n") && doc.contains("name: sticky-macvlan\n"))
+        .expect("examples/rbac.yaml has the sticky-macvlan ClusterRole");
+    serde_saphyr::from_str(role).expect("parse the ClusterRole")
+}
+
 pub fn kubeconfig_yaml(server: &str, ca: &std::path::Path) -> String {
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: sticky-macvlan\n  user:\n    token: {PLUGIN_TOKEN}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: sticky-macvlan\ncurrent-context: e2e\n",

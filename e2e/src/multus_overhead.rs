@@ -188,13 +188,19 @@ pub fn measure(c: &LocalCluster, node: &str, runs: usize) -> Vec<Sample> {
     let mut out = Vec::with_capacity(runs);
     for i in 0..runs {
         let mut s = Sample::default();
-        let direct = |s: &mut Sample| {
-            let cid = format!("modirect{}x{i}", std::process::id());
-            let netns = NodeNetns::new(c, node, format!("smo-{}-d{i}", std::process::id()));
+        // A fresh sandbox of the gated pod: its container ID, netns and
+        // the CNI_ARGS containerd passes.
+        let sandbox = |tag: &str| {
+            let cid = format!("mo{tag}{}x{i}", std::process::id());
+            let netns = NodeNetns::new(c, node, format!("smo-{}-{tag}{i}", std::process::id()));
             let args = format!(
                 "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME=gated;K8S_POD_INFRA_CONTAINER_ID={cid};K8S_POD_UID={uid}",
                 ns.name
             );
+            (cid, netns, args)
+        };
+        let direct = |s: &mut Sample| {
+            let (cid, netns, args) = sandbox("d");
             // Multus' delegate CNI_ARGS: IgnoreUnknown=true in front.
             let delegate_args = format!("IgnoreUnknown=true;{args}");
             let path = netns.path();
@@ -217,12 +223,7 @@ pub fn measure(c: &LocalCluster, node: &str, runs: usize) -> Vec<Sample> {
             s.primary_del = exec("bridge", "DEL", "eth0", &args, &primary);
         };
         let multus = |s: &mut Sample| {
-            let cid = format!("momultus{}x{i}", std::process::id());
-            let netns = NodeNetns::new(c, node, format!("smo-{}-m{i}", std::process::id()));
-            let args = format!(
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME=gated;K8S_POD_INFRA_CONTAINER_ID={cid};K8S_POD_UID={uid}",
-                ns.name
-            );
+            let (cid, netns, args) = sandbox("m");
             let path = netns.path();
             let call = |command| Call {
                 plugin: "multus",

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::{json, Value};
-use sticky_e2e::kube_api::KubeApi;
+use sticky_e2e::kube_api::{plugin_cluster_role, KubeApi};
 use sticky_e2e::{configs, ip, our_plugin, Topology};
 
 struct Doctor {
@@ -103,15 +103,7 @@ fn kubeconfig_missing_a_verb(topo: &Topology, api: &KubeApi) -> std::path::PathB
         "/api/v1/namespaces/default/serviceaccounts",
         json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "short"}}),
     );
-    let rbac = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/rbac.yaml"),
-    )
-    .expect("examples/rbac.yaml");
-    let role = rbac
-        .split("\n---")
-        .find(|d| d.contains("kind: ClusterRole\n") && d.contains("name: sticky-macvlan\n"))
-        .expect("the plugin's ClusterRole");
-    let mut role: Value = serde_saphyr::from_str(role).expect("parse the ClusterRole");
+    let mut role = plugin_cluster_role();
     role["metadata"]["name"] = json!("short");
     for rule in role["rules"].as_array_mut().into_iter().flatten() {
         if rule["resources"] == json!(["iplocks"]) {
