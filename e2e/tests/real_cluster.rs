@@ -1854,3 +1854,102 @@ fn multus_overhead_runs_and_its_dels_release_every_claim() {
         .collect();
     assert!(left.is_empty(), "the DELs left claims: {left:?}");
 }
+
+/// The reconcile Deployment's metrics (examples/, interval shortened),
+/// scraped with curl from its node as Prometheus would: a NAD whose /29
+/// hands out 5 addresses, filled by a Deployment from 3 to 6 replicas
+/// (the sixth refused: pool exhausted) and back to 1. The figures follow:
+/// held, free, the range, and the refusal counted from the plugins' Events.
+#[test]
+fn reconcile_metrics_follow_the_pods_and_show_a_full_pool() {
+    let Some(c) = cluster("reconcile_metrics_follow_the_pods_and_show_a_full_pool") else {
+        return;
+    };
+    let ns = c.namespace("metrics");
+    let network = "metrics-net";
+    let deployment = |replicas| {
+        dynamic_deployment(&ns.name, network, "172.31.75.0/29", "172.31.75.1", replicas)
+    };
+    c.apply(&deployment(3));
+    c.apply(
+        &c.example("reconcile-deployment.yaml")
+            .replace("\"--interval\", \"60\"", "\"--interval\", \"3\""),
+    );
+    let scrape = || -> Result<BTreeMap<String, f64>, String> {
+        let pods = c.json(&[
+            "-n",
+            "kube-system",
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=sticky-macvlan-reconcile",
+        ]);
+        let pod = pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null())
+            .ok_or("no running reconcile pod")?;
+        let (Some(ip), Some(node)) = (pod["status"]["podIP"].as_str(), pod["spec"]["nodeName"].as_str())
+        else {
+            return Err("the reconcile pod has no IP yet".into());
+        };
+        let out = std::process::Command::new("bash")
+            .args(["scripts/cluster.sh", "exec", node, "curl", "-sS", "--max-time", "5"])
+            .arg(format!("http://{ip}:9402/metrics"))
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (k, v) = l.rsplit_once(' ')?;
+                Some((k.to_string(), v.parse().ok()?))
+            })
+            .collect())
+    };
+    let key = |name: &str, extra: &str| format!("{name}{{network=\"{network}\"{extra}}}");
+    let held = key("sticky_macvlan_addresses", ",state=\"held\"");
+    let free = key("sticky_macvlan_free_addresses", "");
+    let range = key("sticky_macvlan_range_addresses", "");
+    let refused = key("sticky_macvlan_refusals_total", ",reason=\"StickyPoolExhausted\"");
+    let until = |what: &str, want: &dyn Fn(&BTreeMap<String, f64>) -> bool| {
+        c.wait(what, 3 * MINUTE, || {
+            let m = scrape()?;
+            if want(&m) {
+                Ok(m)
+            } else {
+                Err(format!(
+                    "held {:?}, free {:?}, range {:?}, refused {:?}",
+                    m.get(&held),
+                    m.get(&free),
+                    m.get(&range),
+                    m.get(&refused)
+                ))
+            }
+        })
+    };
+    let m = until("3 of 5 held in the metrics", &|m| {
+        m.get(&held) == Some(&3.0) && m.get(&range) == Some(&5.0) && m.get(&free) == Some(&2.0)
+    });
+    assert!(m.get("sticky_macvlan_reconcile_sweeps_total").is_some_and(|n| *n >= 1.0));
+    assert!(m.contains_key("sticky_macvlan_reconcile_sweep_duration_seconds"));
+
+    // Six replicas for five addresses: the sixth is refused, and counted.
+    c.apply(&deployment(6));
+    until("the full pool and its refusal in the metrics", &|m| {
+        m.get(&held) == Some(&5.0)
+            && m.get(&free) == Some(&0.0)
+            && m.get(&refused).is_some_and(|n| *n >= 1.0)
+    });
+    // Back to one: the DELs free the dynamic claims.
+    c.apply(&deployment(1));
+    until("one held and four free", &|m| {
+        m.get(&held) == Some(&1.0) && m.get(&free) == Some(&4.0)
+    });
+    let _ = c.try_kubectl(&["-n", "kube-system", "delete", "deployment", "sticky-macvlan-reconcile"]);
+}
