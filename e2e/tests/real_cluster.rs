@@ -1867,9 +1867,8 @@ fn reconcile_metrics_follow_the_pods_and_show_a_full_pool() {
     };
     let ns = c.namespace("metrics");
     let network = "metrics-net";
-    let deployment = |replicas| {
-        dynamic_deployment(&ns.name, network, "172.31.75.0/29", "172.31.75.1", replicas)
-    };
+    let deployment =
+        |replicas| dynamic_deployment(&ns.name, network, "172.31.75.0/29", "172.31.75.1", replicas);
     c.apply(&deployment(3));
     c.apply(
         &c.example("reconcile-deployment.yaml")
@@ -1888,14 +1887,26 @@ fn reconcile_metrics_follow_the_pods_and_show_a_full_pool() {
             .as_array()
             .into_iter()
             .flatten()
-            .find(|p| p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null())
+            .find(|p| {
+                p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null()
+            })
             .ok_or("no running reconcile pod")?;
-        let (Some(ip), Some(node)) = (pod["status"]["podIP"].as_str(), pod["spec"]["nodeName"].as_str())
-        else {
+        let (Some(ip), Some(node)) = (
+            pod["status"]["podIP"].as_str(),
+            pod["spec"]["nodeName"].as_str(),
+        ) else {
             return Err("the reconcile pod has no IP yet".into());
         };
         let out = std::process::Command::new("bash")
-            .args(["scripts/cluster.sh", "exec", node, "curl", "-sS", "--max-time", "5"])
+            .args([
+                "scripts/cluster.sh",
+                "exec",
+                node,
+                "curl",
+                "-sS",
+                "--max-time",
+                "5",
+            ])
             .arg(format!("http://{ip}:9402/metrics"))
             .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
             .output()
@@ -1916,7 +1927,10 @@ fn reconcile_metrics_follow_the_pods_and_show_a_full_pool() {
     let held = key("sticky_macvlan_addresses", ",state=\"held\"");
     let free = key("sticky_macvlan_free_addresses", "");
     let range = key("sticky_macvlan_range_addresses", "");
-    let refused = key("sticky_macvlan_refusals_total", ",reason=\"StickyPoolExhausted\"");
+    let refused = key(
+        "sticky_macvlan_refusals_total",
+        ",reason=\"StickyPoolExhausted\"",
+    );
     let until = |what: &str, want: &dyn Fn(&BTreeMap<String, f64>) -> bool| {
         c.wait(what, 3 * MINUTE, || {
             let m = scrape()?;
@@ -1936,7 +1950,9 @@ fn reconcile_metrics_follow_the_pods_and_show_a_full_pool() {
     let m = until("3 of 5 held in the metrics", &|m| {
         m.get(&held) == Some(&3.0) && m.get(&range) == Some(&5.0) && m.get(&free) == Some(&2.0)
     });
-    assert!(m.get("sticky_macvlan_reconcile_sweeps_total").is_some_and(|n| *n >= 1.0));
+    assert!(m
+        .get("sticky_macvlan_reconcile_sweeps_total")
+        .is_some_and(|n| *n >= 1.0));
     assert!(m.contains_key("sticky_macvlan_reconcile_sweep_duration_seconds"));
 
     // Six replicas for five addresses: the sixth is refused, and counted.
@@ -1951,5 +1967,11 @@ fn reconcile_metrics_follow_the_pods_and_show_a_full_pool() {
     until("one held and four free", &|m| {
         m.get(&held) == Some(&1.0) && m.get(&free) == Some(&4.0)
     });
-    let _ = c.try_kubectl(&["-n", "kube-system", "delete", "deployment", "sticky-macvlan-reconcile"]);
+    let _ = c.try_kubectl(&[
+        "-n",
+        "kube-system",
+        "delete",
+        "deployment",
+        "sticky-macvlan-reconcile",
+    ]);
 }

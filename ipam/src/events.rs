@@ -21,6 +21,8 @@ pub const RECLAIMED: &str = "StickyAddressReclaimed";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodEvent {
+    /// The CNI network the ADD was for (labels the Event, for metrics).
+    pub network: String,
     pub namespace: String,
     pub pod: String,
     pub pod_uid: Option<String>,
@@ -44,6 +46,7 @@ pub struct GrantNote {
 
 fn event(
     caller: &Holder,
+    network: &str,
     reason: &'static str,
     message: String,
     warning: bool,
@@ -63,6 +66,7 @@ fn event(
         message.push_str("...");
     }
     Some(PodEvent {
+        network: network.to_string(),
         namespace,
         pod,
         pod_uid: caller.pod_uid.clone(),
@@ -80,6 +84,7 @@ pub fn for_refusal(caller: &Holder, network: &str, err: &CniError) -> Option<Pod
     let refusal = err.refusal?;
     event(
         caller,
+        network,
         refusal.reason(),
         format!("network {network:?}: {}", err.msg),
         true,
@@ -104,6 +109,7 @@ pub fn for_grants(caller: &Holder, network: &str, grants: &[GrantNote]) -> Vec<P
             let note = g.note.as_deref().unwrap_or("its holder was judged dead");
             event(
                 caller,
+                network,
                 reason,
                 format!("network {network:?}: {note}"),
                 false,

@@ -28,6 +28,40 @@ pub struct NetworkGauges {
     pub dead: u64,
 }
 
+/// Network name -> addresses in its ranges, from NAD configs (a plugin
+/// config or a conflist; the `ipam` of type sticky-ipam). A config that
+/// does not parse is skipped: the plugin refuses it at ADD anyway.
+pub fn ranges_of(configs: &[String]) -> BTreeMap<String, f64> {
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    for text in configs {
+        let Ok(doc) = serde_json::from_str::<serde_json::Value>(text) else {
+            continue;
+        };
+        let name = doc["name"].as_str().unwrap_or_default().to_string();
+        let plugins = match doc["plugins"].as_array() {
+            Some(list) => list.clone(),
+            None => vec![doc.clone()],
+        };
+        for p in plugins {
+            if p["ipam"]["type"] != "sticky-ipam" {
+                continue;
+            }
+            let Ok(conf) = crate::config::IpamConfig::parse(&name, &p["ipam"]) else {
+                continue;
+            };
+            let size: f64 = conf
+                .range_sets
+                .iter()
+                .flat_map(|s| &s.ranges)
+                .map(|r| r.handable() as f64)
+                .sum();
+            let e = out.entry(name.clone()).or_default();
+            *e = e.max(size);
+        }
+    }
+    out
+}
+
 /// One of our Events as the API lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeenEvent {
@@ -61,7 +95,9 @@ fn kind_of(reason: &str) -> &'static str {
 }
 
 fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 impl Metrics {
@@ -109,7 +145,7 @@ impl Metrics {
         family(
             "sticky_macvlan_range_addresses",
             "gauge",
-            "Addresses in the network's ranges, from its NetworkAttachmentDefinitions (the largest when several define it).",
+            "Addresses the network's ranges can hand out (less network, broadcast and gateway; exclusions not subtracted), from its NetworkAttachmentDefinitions (the largest when several define it).",
             self.networks
                 .iter()
                 .filter_map(|(n, g)| Some((net(n), g.range?)))
@@ -220,7 +256,9 @@ pub fn serve(addr: &str, page: Arc<Mutex<String>>) -> std::io::Result<()> {
             let Ok(mut conn) = conn else { continue };
             let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
             let mut line = String::new();
-            let Ok(reader) = conn.try_clone() else { continue };
+            let Ok(reader) = conn.try_clone() else {
+                continue;
+            };
             let mut reader = BufReader::new(reader);
             if reader.read_line(&mut line).is_err() {
                 continue;
@@ -231,7 +269,9 @@ pub fn serve(addr: &str, page: Arc<Mutex<String>>) -> std::io::Result<()> {
                 header.clear();
             }
             let path = line.split_whitespace().nth(1).unwrap_or("");
-            let (status, body) = if line.starts_with("GET ") && (path == "/metrics" || path.starts_with("/metrics?")) {
+            let (status, body) = if line.starts_with("GET ")
+                && (path == "/metrics" || path.starts_with("/metrics?"))
+            {
                 let body = page.lock().map(|p| p.clone()).unwrap_or_default();
                 ("200 OK", body)
             } else {
@@ -271,7 +311,13 @@ mod tests {
                 dead: 0,
             },
         );
-        m.networks.insert("nad-less".into(), NetworkGauges { held: 1, ..NetworkGauges::default() });
+        m.networks.insert(
+            "nad-less".into(),
+            NetworkGauges {
+                held: 1,
+                ..NetworkGauges::default()
+            },
+        );
         m.observe_events(&[
             event("u1", "fabric", "StickyPoolExhausted"),
             event("u2", "fabric", "StickyPoolExhausted"),
@@ -279,7 +325,10 @@ mod tests {
             event("u4", "fabric", "StickyAddressReclaimed"),
         ]);
         // Listed again next sweep: counted once.
-        m.observe_events(&[event("u1", "fabric", "StickyPoolExhausted"), event("u5", "fabric", "StickyAddressHeld")]);
+        m.observe_events(&[
+            event("u1", "fabric", "StickyPoolExhausted"),
+            event("u5", "fabric", "StickyAddressHeld"),
+        ]);
         m.released("fabric", 3);
         m.swept(0.25, true);
         m.swept(0.5, false);
@@ -304,7 +353,10 @@ mod tests {
             "# TYPE sticky_macvlan_refusals_total counter",
             "# TYPE sticky_macvlan_addresses gauge",
         ] {
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in:\n{text}"
+            );
         }
         // No range known: no range or free sample for that network.
         assert!(!text.contains("sticky_macvlan_free_addresses{network=\"nad-less\"}"));
@@ -317,10 +369,35 @@ mod tests {
     }
 
     #[test]
+    fn ranges_come_from_the_nads_sticky_ipam_sections() {
+        let configs = [
+            r#"{"cniVersion":"1.0.0","name":"fabric","type":"sticky-macvlan","master":"eth1","ipam":{"type":"sticky-ipam","subnet":"10.0.0.0/24","rangeStart":"10.0.0.10","rangeEnd":"10.0.0.13"}}"#,
+            // The same network defined wider in another namespace: the larger.
+            r#"{"cniVersion":"1.0.0","name":"fabric","type":"sticky-macvlan","master":"eth1","ipam":{"type":"sticky-ipam","subnet":"10.0.0.0/24","rangeStart":"10.0.0.10","rangeEnd":"10.0.0.19"}}"#,
+            r#"{"cniVersion":"1.0.0","name":"listed","plugins":[{"type":"sticky-macvlan","master":"eth1","ipam":{"type":"sticky-ipam","ranges":[[{"subnet":"10.1.0.0/29"}],[{"subnet":"fd00::/126"}]]}}]}"#,
+            r#"{"cniVersion":"1.0.0","name":"theirs","type":"macvlan","ipam":{"type":"whereabouts","range":"10.2.0.0/24"}}"#,
+            "not json",
+        ]
+        .map(String::from);
+        let r = ranges_of(&configs);
+        // 10.0.0.10-19: ten addresses, none of them special.
+        assert_eq!(r.get("fabric"), Some(&10.0));
+        assert!(r.get("listed").is_some_and(|n| *n > 0.0));
+        assert_eq!(r.get("theirs"), None);
+        assert_eq!(r.len(), 2);
+    }
+
+    #[test]
     fn the_server_answers_metrics_and_nothing_else() {
-        let page = Arc::new(Mutex::new("sticky_macvlan_reconcile_sweeps_total 1\n".to_string()));
+        let page = Arc::new(Mutex::new(
+            "sticky_macvlan_reconcile_sweeps_total 1\n".to_string(),
+        ));
         // A free port on loopback.
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         serve(&format!("127.0.0.1:{port}"), page).unwrap();
         let get = |path: &str| {
             let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -330,7 +407,10 @@ mod tests {
             out
         };
         let ok = get("/metrics");
-        assert!(ok.starts_with("HTTP/1.1 200 OK") && ok.ends_with("sweeps_total 1\n"), "{ok}");
+        assert!(
+            ok.starts_with("HTTP/1.1 200 OK") && ok.ends_with("sweeps_total 1\n"),
+            "{ok}"
+        );
         assert!(ok.contains("text/plain; version=0.0.4"));
         assert!(get("/").starts_with("HTTP/1.1 404"));
     }

@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use cni::{CniError, CniResult};
 
@@ -23,6 +24,7 @@ use crate::store::{ClaimStore, Plan, PlanError, PlanResult, StoreError};
 use crate::system::node_facts;
 
 mod import;
+pub mod metrics;
 
 pub const COMMANDS_HELP: &str = "\
 Claim commands (the file store under --dir, or the kubernetes store with
@@ -59,6 +61,8 @@ pub const STORE_OPTIONS: &str = "\
                       namespace, or the holder pod's)
   --output FORMAT     claims: json, yaml or wide (adds the liveness reason)
   --json              claims: the same as --output json
+  --metrics-addr ADDR reconcile: serve Prometheus metrics at http://ADDR/metrics
+                      (e.g. 0.0.0.0:9402), refreshed every sweep
 ";
 
 struct Opts {
@@ -69,7 +73,8 @@ struct Opts {
     flags: Vec<String>,
 }
 
-const VALUE_OPTS: [&str; 14] = [
+const VALUE_OPTS: [&str; 15] = [
+    "--metrics-addr",
     "--context",
     "--namespace",
     "--output",
@@ -226,10 +231,15 @@ release --network NET (--ip IP | --identity ID | --file NAME) [--force] [store o
         }
         "reconcile" => {
             "\
-reconcile [store options] [--network NET] [--interval SECONDS] [--keep-retired]
+reconcile [store options] [--network NET] [--interval SECONDS] [--keep-retired] [--metrics-addr ADDR]
   Releases every holder confirmed dead, once or every --interval seconds,
   printing a summary line per sweep. On the kubernetes store it also retires
-  the sticky claims of deleted StatefulSets unless --keep-retired."
+  the sticky claims of deleted StatefulSets unless --keep-retired, and with
+  --metrics-addr serves Prometheus metrics: per network the range size (from
+  the NetworkAttachmentDefinitions), addresses held, reserved, dead and free,
+  and counters of refusals by reason, takeovers and reclaims (from the
+  plugins' Events), releases, sweeps, failed sweeps and API errors. With
+  --interval a failed sweep is logged and counted, and the next one runs."
         }
         "import-host-local" => {
             "\
@@ -583,56 +593,131 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
     };
     let backend = opts.backend()?;
     let retire = backend.is_kube() && !opts.flag("--keep-retired");
+    let mut metrics = metrics::Metrics::default();
+    let page = Arc::new(Mutex::new(metrics.render()));
+    if let Some(addr) = opts.values.get("--metrics-addr") {
+        metrics::serve(addr, page.clone()).map_err(|e| {
+            CniError::io(format!(
+                "cannot serve metrics on {addr}: {e}: pass a free ADDR:PORT to --metrics-addr"
+            ))
+        })?;
+        eprintln!("reconcile: metrics at http://{addr}/metrics");
+    }
     loop {
-        let (inspector, _) = opts.inspector(&backend)?;
-        let mut released = 0;
-        let mut retired = 0;
-        let mut alive = 0;
-        let mut raced = Vec::new();
-        let networks = opts.networks(&backend)?;
-        for network in &networks {
-            let mut store = backend.open(network, vec![])?;
-            let swept = with_retries(&mut store, "reconcile", |s| {
-                let (plan, gone, live) = plan_reconcile(s, inspector.as_ref(), now_secs())?;
-                Ok((plan, (gone, live)))
-            });
-            match sweep_outcome(swept, network, "released")? {
-                Some((gone, live)) => {
-                    released += gone.len();
-                    alive += live;
-                }
-                None => raced.push(network.clone()),
-            }
-            if let crate::backend::Store::Kube(kube) = &mut store {
-                for ip in kube.sweep_orphan_locks(ORPHAN_LOCK_GRACE_SECS)? {
-                    println!("{network}: unlocked {ip}: an ADD left its lock and no claim more than {ORPHAN_LOCK_GRACE_SECS} s ago");
-                }
-            }
-            if retire {
-                let swept = with_retries(&mut store, "retire", |s| {
-                    let (plan, out) = plan_retire(s, inspector.as_ref())?;
-                    Ok((plan, (out, 0)))
-                });
-                match sweep_outcome(swept, network, "retired")? {
-                    Some((out, _)) => retired += out.len(),
-                    None => raced.push(network.clone()),
-                }
-            }
+        let t0 = Instant::now();
+        let swept = sweep(opts, &backend, retire, &mut metrics);
+        let api_failed = matches!(&swept, Err(e) if e.code == cni::code::STORE_UNREACHABLE || e.code == cni::code::STORE_REFUSED);
+        if api_failed {
+            metrics.api_error();
         }
-        println!(
-            "reconcile: {} networks, {released} dead holders released, {retired} sticky claims of deleted StatefulSets retired, {alive} live holders kept{}",
-            networks.len(),
-            if raced.is_empty() {
-                String::new()
-            } else {
-                format!(", {} skipped after a concurrent change (next sweep): {}", raced.len(), raced.join(", "))
+        metrics.swept(t0.elapsed().as_secs_f64(), swept.is_ok());
+        if let Ok(mut p) = page.lock() {
+            *p = metrics.render();
+        }
+        match (interval, swept) {
+            (None, outcome) => return outcome,
+            (Some(d), outcome) => {
+                if let Err(e) = outcome {
+                    eprintln!(
+                        "reconcile: this sweep failed, the next runs in {} s: {}",
+                        d.as_secs(),
+                        e.msg
+                    );
+                }
+                std::thread::sleep(d)
             }
-        );
-        match interval {
-            None => return Ok(()),
-            Some(d) => std::thread::sleep(d),
         }
     }
+}
+
+/// One sweep over every network; fills `metrics`' gauges and counters.
+fn sweep(
+    opts: &Opts,
+    backend: &Backend,
+    retire: bool,
+    metrics: &mut metrics::Metrics,
+) -> CniResult<()> {
+    let (inspector, _) = opts.inspector(backend)?;
+    let mut released = 0;
+    let mut retired = 0;
+    let mut alive = 0;
+    let mut raced = Vec::new();
+    let networks = opts.networks(backend)?;
+    let mut gauges = BTreeMap::new();
+    for network in &networks {
+        let mut store = backend.open(network, vec![])?;
+        let swept = with_retries(&mut store, "reconcile", |s| {
+            let (plan, gone, live) = plan_reconcile(s, inspector.as_ref(), now_secs())?;
+            Ok((plan, (gone, live)))
+        });
+        match sweep_outcome(swept, network, "released")? {
+            Some((gone, live)) => {
+                released += gone.len();
+                metrics.released(network, gone.len() as u64);
+                alive += live;
+            }
+            None => raced.push(network.clone()),
+        }
+        if let crate::backend::Store::Kube(kube) = &mut store {
+            for ip in kube.sweep_orphan_locks(ORPHAN_LOCK_GRACE_SECS)? {
+                println!("{network}: unlocked {ip}: an ADD left its lock and no claim more than {ORPHAN_LOCK_GRACE_SECS} s ago");
+            }
+        }
+        if retire {
+            let swept = with_retries(&mut store, "retire", |s| {
+                let (plan, out) = plan_retire(s, inspector.as_ref())?;
+                Ok((plan, (out, 0)))
+            });
+            match sweep_outcome(swept, network, "retired")? {
+                Some((out, _)) => retired += out.len(),
+                None => raced.push(network.clone()),
+            }
+        }
+        let mut g = metrics::NetworkGauges::default();
+        for c in &store.list()?.claims {
+            match state(c, inspector.as_ref()).0 {
+                "held" => g.held += 1,
+                "dead" => g.dead += 1,
+                _ => g.reserved += u64::from(c.sticky),
+            }
+        }
+        gauges.insert(network.clone(), g);
+    }
+    if let Backend::Kube {
+        client: Ok(client), ..
+    } = backend
+    {
+        // Best effort: a listing that fails leaves the last figures.
+        match client.nad_configs() {
+            Ok(configs) => {
+                for (network, size) in metrics::ranges_of(&configs) {
+                    gauges.entry(network).or_default().range = Some(size);
+                }
+            }
+            Err(e) => {
+                metrics.api_error();
+                eprintln!("reconcile: metrics: {e}");
+            }
+        }
+        match client.our_events() {
+            Ok(events) => metrics.observe_events(&events),
+            Err(e) => {
+                metrics.api_error();
+                eprintln!("reconcile: metrics: {e}");
+            }
+        }
+    }
+    metrics.networks = gauges;
+    println!(
+        "reconcile: {} networks, {released} dead holders released, {retired} sticky claims of deleted StatefulSets retired, {alive} live holders kept{}",
+        networks.len(),
+        if raced.is_empty() {
+            String::new()
+        } else {
+            format!(", {} skipped after a concurrent change (next sweep): {}", raced.len(), raced.join(", "))
+        }
+    );
+    Ok(())
 }
 
 /// Prints what one sweep of a network changed; None when it kept losing

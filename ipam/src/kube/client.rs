@@ -198,6 +198,51 @@ impl KubeClient {
         Ok(answer.status.is_some_and(|s| s.allowed))
     }
 
+    /// The Events the plugins posted (`post_event`), every namespace, paged:
+    /// for reconcile's metrics.
+    pub fn our_events(&self) -> ApiResult<Vec<crate::cli::metrics::SeenEvent>> {
+        let api: Api<Event> = Api::all(self.client.clone());
+        let mut out = Vec::new();
+        self.paged(&api, "list events", super::LABEL_NETWORK, |e| {
+            let network = e
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(super::LABEL_NETWORK).cloned())
+                .unwrap_or_default();
+            out.push(crate::cli::metrics::SeenEvent {
+                uid: e.metadata.uid.clone().unwrap_or_default(),
+                network,
+                reason: e.reason.clone().unwrap_or_default(),
+            });
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// The NetworkAttachmentDefinitions' configs (spec.config), every
+    /// namespace; empty when their CRD is not installed.
+    pub fn nad_configs(&self) -> ApiResult<Vec<String>> {
+        use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+        let gvk = GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition");
+        let resource = ApiResource::from_gvk_with_plural(&gvk, "network-attachment-definitions");
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
+        let mut out = Vec::new();
+        let listed = self.paged(&api, "list network-attachment-definitions", "", |o| {
+            if let Some(config) = o.data["spec"]["config"].as_str() {
+                out.push(config.to_string());
+            }
+            Ok(())
+        });
+        match listed {
+            Ok(()) => Ok(out),
+            Err(ApiError::Refused(m)) if m.contains("does not know this resource") => {
+                Ok(Vec::new())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Whether the IPClaim and IPLock resources are served: a one-object
     /// listing of each, whose 404 names the missing CRD.
     pub fn resources_served(&self) -> ApiResult<()> {
@@ -487,6 +532,17 @@ impl KubeApi for KubeClient {
             metadata: ObjectMeta {
                 generate_name: Some(format!("{}.", event.pod)),
                 namespace: Some(event.namespace.clone()),
+                // What reconcile's metrics select and count them by.
+                labels: Some(
+                    [(
+                        super::LABEL_NETWORK.to_string(),
+                        super::slug(&event.network),
+                    )]
+                    .into(),
+                ),
+                annotations: Some(
+                    [(super::LABEL_NETWORK.to_string(), event.network.clone())].into(),
+                ),
                 ..ObjectMeta::default()
             },
             involved_object: ObjectReference {
