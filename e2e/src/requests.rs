@@ -37,15 +37,38 @@ pub const FRESH_STATEFUL_WHY: &str = "a sticky identity's first ADD must ask whe
 /// One sample: the total and the breakdown by "verb resource".
 pub struct Sample {
     pub total: u64,
+    /// The best-effort Events among them, not in `total`.
+    pub events: u64,
     pub breakdown: String,
 }
 
+/// The requests of an operation, less the best-effort Events it posted:
+/// those count in their own column (`events`), not in the targets.
 pub fn total(stats: &Value) -> u64 {
     stats
         .as_object()
         .map(|m| {
             m.iter()
-                .filter(|(k, _)| !k.starts_with("injected") && !k.starts_with("server"))
+                .filter(|(k, _)| {
+                    !k.starts_with("injected") && !k.starts_with("server") && !is_event(k)
+                })
+                .filter_map(|(_, v)| v.as_u64())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn is_event(key: &str) -> bool {
+    key == "create events"
+}
+
+/// The Events an operation posted (a takeover's, a refusal's).
+pub fn events(stats: &Value) -> u64 {
+    stats
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(k, _)| is_event(k))
                 .filter_map(|(_, v)| v.as_u64())
                 .sum()
         })
@@ -82,6 +105,7 @@ pub fn per_operation(
         let s = api.stats();
         counts.entry(case).or_default().push(Sample {
             total: total(&s),
+            events: events(&s),
             breakdown: breakdown(&s),
         });
         api.reset_stats();

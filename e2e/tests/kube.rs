@@ -313,6 +313,14 @@ fn requests_per_operation_on_the_real_api_server_meet_the_targets() {
         }
     }
     assert_eq!(counts.len(), 7, "{:?}", counts.keys());
+    // The takeover's best-effort Event, counted apart from its requests;
+    // routine ADDs and DELs post none.
+    for (case, samples) in &counts {
+        let want = u64::from(*case == sticky_e2e::requests::TAKEOVER);
+        for s in samples {
+            assert_eq!(s.events, want, "{case}: Events posted: {}", s.breakdown);
+        }
+    }
     assert_claim_invariants(&api.claims());
 }
 

@@ -132,21 +132,23 @@ pub fn requests(suite: &mut Suite, topo: &mut Topology, api: &KubeApi) {
     let mut table = Table::new(
         "requests",
         format!("4a. API requests per operation, counted by kube-apiserver's audit log, {samples} samples each"),
-        &["operation", "median", "max", "target", "requests (the last sample)"],
+        &["operation", "median", "max", "target", "Events (not in the count)", "requests (the last sample)"],
     );
     for (case, v) in &counts {
         let (m, max) = median_max(v);
         let target = TARGETS.iter().find(|(c, _)| c == case).map(|(_, t)| *t);
         let last = v.last().map(|s| s.breakdown.clone()).unwrap_or_default();
+        let events = v.iter().map(|s| s.events).max().unwrap_or(0);
         table.row(
             vec![
                 case.to_string(),
                 m.to_string(),
                 max.to_string(),
                 target.map(|t| format!("<= {t}")).unwrap_or_else(|| "-".into()),
+                events.to_string(),
                 last.clone(),
             ],
-            json!({"operation": case, "median": m, "max": max, "target": target, "breakdown": last}),
+            json!({"operation": case, "median": m, "max": max, "target": target, "events": events, "breakdown": last}),
         );
         if let Some(t) = target {
             suite.report.verdict(
