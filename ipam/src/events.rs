@@ -35,6 +35,14 @@ pub struct PodEvent {
     pub node: String,
 }
 
+/// One of our Events as the API lists it (for reconcile's metrics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenEvent {
+    pub uid: String,
+    pub network: String,
+    pub reason: String,
+}
+
 /// What the pod of `caller` is told of an address it was granted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GrantNote {

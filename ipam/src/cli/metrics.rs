@@ -62,13 +62,7 @@ pub fn ranges_of(configs: &[String]) -> BTreeMap<String, f64> {
     out
 }
 
-/// One of our Events as the API lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SeenEvent {
-    pub uid: String,
-    pub network: String,
-    pub reason: String,
-}
+pub use crate::events::SeenEvent;
 
 #[derive(Debug, Default)]
 pub struct Metrics {

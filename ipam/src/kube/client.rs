@@ -200,7 +200,7 @@ impl KubeClient {
 
     /// The Events the plugins posted (`post_event`), every namespace, paged:
     /// for reconcile's metrics.
-    pub fn our_events(&self) -> ApiResult<Vec<crate::cli::metrics::SeenEvent>> {
+    pub fn our_events(&self) -> ApiResult<Vec<crate::events::SeenEvent>> {
         let api: Api<Event> = Api::all(self.client.clone());
         let mut out = Vec::new();
         self.paged(&api, "list events", super::LABEL_NETWORK, |e| {
@@ -210,7 +210,7 @@ impl KubeClient {
                 .as_ref()
                 .and_then(|a| a.get(super::LABEL_NETWORK).cloned())
                 .unwrap_or_default();
-            out.push(crate::cli::metrics::SeenEvent {
+            out.push(crate::events::SeenEvent {
                 uid: e.metadata.uid.clone().unwrap_or_default(),
                 network,
                 reason: e.reason.clone().unwrap_or_default(),
