@@ -25,7 +25,9 @@ const LIST_PAGE: u32 = 500;
 /// The most an Event adds to an ADD: it is best effort, and kubelet's own
 /// event carries the error anyway. On the connection the ADD already made
 /// it takes a few milliseconds; an API that does not answer costs this.
-pub const EVENT_DEADLINE: Duration = Duration::from_millis(300);
+/// 300 ms lost takeover Events on the loaded local cluster (kube-apiserver
+/// logged the abandoned POSTs), where the same pod gets no second chance.
+pub const EVENT_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Who reports our Events (`source.component`, `reportingComponent`).
 pub const EVENT_COMPONENT: &str = "sticky-macvlan";
