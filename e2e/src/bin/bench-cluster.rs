@@ -7,6 +7,8 @@
 //! run puts both into BENCHMARKS.md's cluster sections.
 //!
 //! `sudo STICKY_E2E_CLUSTER=1 target/release/bench-cluster [--quick] [--out DIR] [--only pod-start|multus]`
+//! `target/release/bench-cluster --splice-only`: BENCHMARKS.md's cluster
+//! sections from the section files in docs/bench, measuring nothing.
 
 use std::path::PathBuf;
 
@@ -38,6 +40,10 @@ fn main() {
         }
     }
     let wanted = |section: &str| only.as_deref().is_none_or(|o| o == section);
+    if args.iter().any(|a| a == "--splice-only") {
+        update_benchmarks_md(std::path::Path::new("docs/bench"));
+        return;
+    }
     let out = args
         .iter()
         .position(|a| a == "--out")
