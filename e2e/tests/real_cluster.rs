@@ -1114,10 +1114,7 @@ fn dels_that_never_arrive_are_swept_by_the_reconcile_deployment() {
         .map(|k| k.ip)
         .collect();
     let t = Instant::now();
-    c.apply(
-        &c.example("reconcile-deployment.yaml")
-            .replace("\"--interval\", \"60\"", "\"--interval\", \"5\""),
-    );
+    let reconcile = ReconcileDeployment::every(&c, 5);
     c.wait(
         "the reconcile Deployment freeing the leaked claims",
         3 * MINUTE,
@@ -1137,14 +1134,35 @@ fn dels_that_never_arrive_are_swept_by_the_reconcile_deployment() {
         leaked.len(),
         t.elapsed().as_secs_f64()
     );
-    let _ = c.try_kubectl(&[
-        "-n",
-        "kube-system",
-        "delete",
-        "deployment",
-        "sticky-macvlan-reconcile",
-    ]);
+    drop(reconcile);
     drop(guard);
+}
+
+/// The reconcile Deployment of examples/, as shipped except a shorter
+/// interval; deleted on drop, also when the test fails, so no later
+/// scenario meets a sweep it did not ask for.
+struct ReconcileDeployment<'a>(&'a LocalCluster);
+
+impl<'a> ReconcileDeployment<'a> {
+    fn every(c: &'a LocalCluster, secs: u32) -> ReconcileDeployment<'a> {
+        c.apply(&c.example("reconcile-deployment.yaml").replace(
+            "\"--interval\", \"60\"",
+            &format!("\"--interval\", \"{secs}\""),
+        ));
+        ReconcileDeployment(c)
+    }
+}
+
+impl Drop for ReconcileDeployment<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.try_kubectl(&[
+            "-n",
+            "kube-system",
+            "delete",
+            "deployment",
+            "sticky-macvlan-reconcile",
+        ]);
+    }
 }
 
 /// The MAC the router's neighbour table has for ADDR after pinging it.
@@ -1870,10 +1888,7 @@ fn reconcile_metrics_follow_the_pods_and_show_a_full_pool() {
     let deployment =
         |replicas| dynamic_deployment(&ns.name, network, "172.31.75.0/29", "172.31.75.1", replicas);
     c.apply(&deployment(3));
-    c.apply(
-        &c.example("reconcile-deployment.yaml")
-            .replace("\"--interval\", \"60\"", "\"--interval\", \"3\""),
-    );
+    let _reconcile = ReconcileDeployment::every(&c, 3);
     let scrape = || -> Result<BTreeMap<String, f64>, String> {
         let pods = c.json(&[
             "-n",
@@ -1967,11 +1982,4 @@ fn reconcile_metrics_follow_the_pods_and_show_a_full_pool() {
     until("one held and four free", &|m| {
         m.get(&held) == Some(&1.0) && m.get(&free) == Some(&4.0)
     });
-    let _ = c.try_kubectl(&[
-        "-n",
-        "kube-system",
-        "delete",
-        "deployment",
-        "sticky-macvlan-reconcile",
-    ]);
 }
