@@ -595,7 +595,10 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
     let retire = backend.is_kube() && !opts.flag("--keep-retired");
     let mut metrics = metrics::Metrics::default();
     let page = Arc::new(Mutex::new(metrics.render()));
-    if let Some(addr) = opts.values.get("--metrics-addr") {
+    // The gauges cost a listing of each network and two cluster-wide
+    // listings per sweep: made only when someone can read them.
+    let serving = opts.values.get("--metrics-addr");
+    if let Some(addr) = serving {
         metrics::serve(addr, page.clone()).map_err(|e| {
             CniError::io(format!(
                 "cannot serve metrics on {addr}: {e}: pass a free ADDR:PORT to --metrics-addr"
@@ -605,7 +608,8 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
     }
     loop {
         let t0 = Instant::now();
-        let swept = sweep(opts, &backend, retire, &mut metrics);
+        let gauges = serving.is_some();
+        let swept = sweep(opts, &backend, retire, gauges, &mut metrics);
         let api_failed = matches!(&swept, Err(e) if e.code == cni::code::STORE_UNREACHABLE || e.code == cni::code::STORE_REFUSED);
         if api_failed {
             metrics.api_error();
@@ -630,11 +634,14 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
     }
 }
 
-/// One sweep over every network; fills `metrics`' gauges and counters.
+/// One sweep over every network; counts its releases in `metrics`, and
+/// with `gauges` also reads what the metrics' gauges and Event counters
+/// need.
 fn sweep(
     opts: &Opts,
     backend: &Backend,
     retire: bool,
+    gauges: bool,
     metrics: &mut metrics::Metrics,
 ) -> CniResult<()> {
     let (inspector, _) = opts.inspector(backend)?;
@@ -643,7 +650,7 @@ fn sweep(
     let mut alive = 0;
     let mut raced = Vec::new();
     let networks = opts.networks(backend)?;
-    let mut gauges = BTreeMap::new();
+    let mut figures = BTreeMap::new();
     for network in &networks {
         let mut store = backend.open(network, vec![])?;
         let swept = with_retries(&mut store, "reconcile", |s| {
@@ -673,6 +680,9 @@ fn sweep(
                 None => raced.push(network.clone()),
             }
         }
+        if !gauges {
+            continue;
+        }
         let mut g = metrics::NetworkGauges::default();
         for c in &store.list()?.claims {
             match state(c, inspector.as_ref()).0 {
@@ -681,22 +691,31 @@ fn sweep(
                 _ => g.reserved += u64::from(c.sticky),
             }
         }
-        gauges.insert(network.clone(), g);
+        figures.insert(network.clone(), g);
+    }
+    if !gauges {
+        summary(&networks, released, retired, alive, &raced);
+        return Ok(());
     }
     if let Backend::Kube {
         client: Ok(client), ..
     } = backend
     {
-        // Best effort: a listing that fails leaves the last figures.
+        // Best effort: a listing that fails keeps the last figures.
         match client.nad_configs() {
             Ok(configs) => {
                 for (network, size) in metrics::ranges_of(&configs) {
-                    gauges.entry(network).or_default().range = Some(size);
+                    figures.entry(network).or_default().range = Some(size);
                 }
             }
             Err(e) => {
                 metrics.api_error();
                 eprintln!("reconcile: metrics: {e}");
+                for (network, last) in &metrics.networks {
+                    if let Some(range) = last.range {
+                        figures.entry(network.clone()).or_default().range = Some(range);
+                    }
+                }
             }
         }
         match client.our_events() {
@@ -707,7 +726,13 @@ fn sweep(
             }
         }
     }
-    metrics.networks = gauges;
+    metrics.networks = figures;
+    summary(&networks, released, retired, alive, &raced);
+    Ok(())
+}
+
+/// The sweep's summary line.
+fn summary(networks: &[String], released: usize, retired: usize, alive: usize, raced: &[String]) {
     println!(
         "reconcile: {} networks, {released} dead holders released, {retired} sticky claims of deleted StatefulSets retired, {alive} live holders kept{}",
         networks.len(),
@@ -717,7 +742,6 @@ fn sweep(
             format!(", {} skipped after a concurrent change (next sweep): {}", raced.len(), raced.join(", "))
         }
     );
-    Ok(())
 }
 
 /// Prints what one sweep of a network changed; None when it kept losing
