@@ -265,7 +265,16 @@ impl KubeClient {
         what: &str,
         fut: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> ApiResult<Result<T, kube::Error>> {
-        let deadline = self.timeout;
+        self.bounded_by(self.timeout, what, fut)
+    }
+
+    /// `bounded` with a deadline of its own (an Event's is shorter).
+    fn bounded_by<T>(
+        &self,
+        deadline: Duration,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> ApiResult<Result<T, kube::Error>> {
         self.runtime
             .block_on(async { tokio::time::timeout(deadline, fut).await })
             .map_err(|_| {
@@ -570,19 +579,13 @@ impl KubeApi for KubeClient {
             ..Event::default()
         };
         let what = format!("create event on pod {}/{}", event.namespace, event.pod);
-        self.runtime
-            .block_on(async {
-                tokio::time::timeout(EVENT_DEADLINE, api.create(&PostParams::default(), &object))
-                    .await
-            })
-            .map_err(|_| {
-                ApiError::Unreachable(format!(
-                    "{what}: no answer within {} ms",
-                    EVENT_DEADLINE.as_millis()
-                ))
-            })?
-            .map(drop)
-            .map_err(|e| classify(&what, &self.server, e))
+        self.bounded_by(
+            EVENT_DEADLINE,
+            &what,
+            api.create(&PostParams::default(), &object),
+        )?
+        .map(drop)
+        .map_err(|e| classify(&what, &self.server, e))
     }
 }
 
