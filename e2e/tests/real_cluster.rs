@@ -28,9 +28,29 @@ fn cluster(test: &str) -> Option<LocalCluster> {
 
 /// examples/nad-sticky-statefulset.yaml (the dual-stack, cluster-wide
 /// StatefulSet network), in namespace NS.
+/// The example NAD in namespace NS, logging to each node's
+/// /var/log/sticky-macvlan.log (`plugin_log`), which a failing scenario
+/// quotes.
 fn fabric_db_nad(c: &LocalCluster, ns: &str) -> String {
     c.example("nad-sticky-statefulset.yaml")
         .replace("namespace: db", &format!("namespace: {ns}"))
+        .replace(
+            "\"master\": \"eth1\",",
+            "\"master\": \"eth1\", \"logFile\": \"/var/log/sticky-macvlan.log\",",
+        )
+}
+
+/// The last lines of the plugin's log on NODE that mention NEEDLE.
+fn plugin_log(c: &LocalCluster, node: &str, needle: &str) -> Vec<String> {
+    let file = c.node_disk(node).join("var-log/sticky-macvlan.log");
+    let text =
+        std::fs::read_to_string(&file).unwrap_or_else(|e| format!("{}: {e}", file.display()));
+    let lines: Vec<String> = text
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(String::from)
+        .collect();
+    lines[lines.len().saturating_sub(20)..].to_vec()
 }
 
 fn statefulset(ns: &str, name: &str, replicas: u32, network: &str) -> String {
@@ -178,7 +198,29 @@ struct ClaimsOf<'a> {
 
 impl Drop for ClaimsOf<'_> {
     fn drop(&mut self) {
-        self.c.release_claims_of_namespace(&self.ns);
+        // The workloads go first: a StatefulSet that outlived the release
+        // would re-create a pod, and its ADD a claim that the namespace's
+        // deletion leaves reserved for the next run to trip over.
+        let ns = self.ns.as_str();
+        let _ = self.c.try_kubectl(&[
+            "-n",
+            ns,
+            "delete",
+            "statefulset,deployment",
+            "--all",
+            "--cascade=foreground",
+            "--timeout=60s",
+        ]);
+        let _ = self.c.try_kubectl(&[
+            "-n",
+            ns,
+            "wait",
+            "--for=delete",
+            "pod",
+            "--all",
+            "--timeout=60s",
+        ]);
+        self.c.release_claims_of_namespace(ns);
     }
 }
 
@@ -459,7 +501,12 @@ fn node_crash_and_the_out_of_service_taint_move_the_pod_with_its_address() {
     let takeover = told
         .iter()
         .find(|e| e.starts_with("StickyAddressTakenOver: "))
-        .unwrap_or_else(|| panic!("no takeover Event on the new db-0: {told:?}"));
+        .unwrap_or_else(|| {
+            panic!(
+                "no takeover Event on the new db-0: {told:?}; the plugin's log on {to}: {:#?}",
+                plugin_log(&c, &to, &ns)
+            )
+        });
     assert!(
         takeover.contains(&format!("on node {node}"))
             && before.iter().any(|a| takeover.contains(&a.to_string())),
@@ -1155,12 +1202,26 @@ impl<'a> ReconcileDeployment<'a> {
 
 impl Drop for ReconcileDeployment<'_> {
     fn drop(&mut self) {
+        // Gone means its pod is gone: a pod still terminating would sweep
+        // (release a crashed node's holder, say) under the next scenario.
         let _ = self.0.try_kubectl(&[
             "-n",
             "kube-system",
             "delete",
             "deployment",
             "sticky-macvlan-reconcile",
+            "--cascade=foreground",
+            "--timeout=60s",
+        ]);
+        let _ = self.0.try_kubectl(&[
+            "-n",
+            "kube-system",
+            "wait",
+            "--for=delete",
+            "pod",
+            "-l",
+            "app.kubernetes.io/name=sticky-macvlan-reconcile",
+            "--timeout=60s",
         ]);
     }
 }
@@ -1982,4 +2043,113 @@ fn reconcile_metrics_follow_the_pods_and_show_a_full_pool() {
     until("one held and four free", &|m| {
         m.get(&held) == Some(&1.0) && m.get(&free) == Some(&4.0)
     });
+}
+
+/// The claims of identity ID (a pod `ns/name`), as "ip" -> the IPClaim.
+fn claims_of_identity(c: &LocalCluster, id: &str) -> BTreeMap<String, serde_json::Value> {
+    c.ipclaims()
+        .into_iter()
+        .filter(|k| k["spec"]["identity"] == id)
+        .map(|k| (k["spec"]["ip"].as_str().unwrap_or_default().to_string(), k))
+        .collect()
+}
+
+/// `ipam.retention` with the defaults turned around, applied by the
+/// reconcile Deployment of examples/: a StatefulSet scaled 3 -> 1 loses
+/// db-1's and db-2's claims (whenScaled=Delete) once their pods are gone;
+/// deleted, it keeps db-0's (whenDeleted=Retain), which a StatefulSet of
+/// the same name re-created later finds again.
+#[test]
+fn retention_deletes_scaled_away_claims_and_keeps_a_deleted_statefulsets() {
+    let Some(c) = cluster("retention_deletes_scaled_away_claims_and_keeps_a_deleted_statefulsets")
+    else {
+        return;
+    };
+    let ns = c.namespace("retain");
+    let ns = ns.name.clone();
+    let _claims = ClaimsOf {
+        c: &c,
+        ns: ns.clone(),
+    };
+    let nad = fabric_db_nad(&c, &ns).replace(
+        "\"identityPolicy\": \"podName\",",
+        "\"identityPolicy\": \"podName\", \"retention\": {\"whenScaled\": \"Delete\", \"whenDeleted\": \"Retain\"},",
+    );
+    assert!(
+        nad.contains("whenScaled"),
+        "the NAD still has its identityPolicy line"
+    );
+    c.apply(&nad);
+    c.apply(&statefulset(&ns, "db", 3, "fabric-db"));
+    let pods = sts_pods(3);
+    for p in &pods {
+        c.wait_running(&ns, p, &[], 2 * MINUTE);
+    }
+    let first = addresses(&c, &ns, &pods);
+    for p in &pods {
+        let held = claims_of_identity(&c, &format!("{ns}/{p}"));
+        assert_eq!(held.len(), 2, "{p}: one claim per family: {held:?}");
+        for k in held.values() {
+            assert_eq!(
+                k["spec"]["owner"]["retention"],
+                serde_json::json!({"whenScaled": "Delete", "whenDeleted": "Retain"}),
+                "{p}: the NAD's retention is recorded on its claim"
+            );
+        }
+    }
+    let _reconcile = ReconcileDeployment::every(&c, 3);
+
+    let t = Instant::now();
+    scale_db(&c, &ns, 1);
+    c.wait("db-1's and db-2's claims deleted", 2 * MINUTE, || {
+        let left: Vec<usize> = pods
+            .iter()
+            .map(|p| claims_of_identity(&c, &format!("{ns}/{p}")).len())
+            .collect();
+        if left == [2, 0, 0] {
+            Ok(())
+        } else {
+            Err(format!("claims per ordinal: {left:?}"))
+        }
+    });
+    eprintln!(
+        "retention: scaled 3 -> 1, the claims of db-1 and db-2 deleted {:.1} s later (whenScaled=Delete)",
+        t.elapsed().as_secs_f64()
+    );
+
+    c.kubectl(&[
+        "-n",
+        &ns,
+        "delete",
+        "statefulset",
+        "db",
+        "--cascade=foreground",
+        "--timeout=60s",
+    ]);
+    c.wait("db-0 gone", MINUTE, || match c.pod(&ns, "db-0") {
+        None => Ok(()),
+        Some(_) => Err("db-0 still exists".into()),
+    });
+    // Several sweeps (every 3 s) see the StatefulSet gone.
+    std::thread::sleep(Duration::from_secs(12));
+    let kept = claims_of_identity(&c, &format!("{ns}/db-0"));
+    assert_eq!(
+        kept.len(),
+        2,
+        "whenDeleted=Retain keeps db-0's claims: {kept:?}"
+    );
+    assert!(
+        kept.values().all(|k| k["spec"]["holder"].is_null()),
+        "db-0's claims are unheld once it is gone: {kept:?}"
+    );
+
+    c.apply(&statefulset(&ns, "db", 1, "fabric-db"));
+    c.wait_running(&ns, "db-0", &[], 2 * MINUTE);
+    let again = c.pod_addrs(&ns, "db-0", "net1");
+    assert_eq!(
+        Some(&again),
+        first.get("db-0"),
+        "a re-created StatefulSet's db-0 finds the retained addresses"
+    );
+    eprintln!("retention: the StatefulSet deleted and re-created, db-0 back on {again:?} (whenDeleted=Retain)");
 }

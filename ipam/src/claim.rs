@@ -83,8 +83,9 @@ impl Holder {
     }
 }
 
-/// The controller whose lifetime bounds a sticky identity: when the
-/// StatefulSet is deleted, its pods' identities retire with it.
+/// The controller whose lifetime bounds a sticky identity; `retention`
+/// says what becomes of the claim when the controller is scaled below the
+/// pod's ordinal or deleted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Owner {
@@ -92,6 +93,58 @@ pub struct Owner {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+    /// The network's ipam.retention at the claim's last grant, recorded
+    /// so that reconcile, which reads no network config, applies it. A
+    /// claim stored without it reads the defaults.
+    #[serde(default)]
+    pub retention: Retention,
+}
+
+/// What to do with a StatefulSet pod's claim once the pod is gone for
+/// good, named after StatefulSet's `persistentVolumeClaimRetentionPolicy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RetentionPolicy {
+    /// The address stays reserved for the identity until released.
+    #[default]
+    Retain,
+    /// The claim is deleted once its holder is dead, the address freed.
+    Delete,
+}
+
+/// `ipam.retention`. The defaults keep a scaled-down pod's address for
+/// its return and free those of a deleted StatefulSet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Retention {
+    /// The StatefulSet was scaled below the pod's ordinal.
+    #[serde(default)]
+    pub when_scaled: RetentionPolicy,
+    /// The StatefulSet was deleted (or re-created under a new UID).
+    #[serde(default = "delete")]
+    pub when_deleted: RetentionPolicy,
+}
+
+fn delete() -> RetentionPolicy {
+    RetentionPolicy::Delete
+}
+
+impl Default for Retention {
+    fn default() -> Retention {
+        Retention {
+            when_scaled: RetentionPolicy::Retain,
+            when_deleted: RetentionPolicy::Delete,
+        }
+    }
+}
+
+impl Retention {
+    /// "whenScaled=Retain,whenDeleted=Delete", for tables.
+    pub fn describe(&self) -> String {
+        format!(
+            "whenScaled={:?},whenDeleted={:?}",
+            self.when_scaled, self.when_deleted
+        )
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

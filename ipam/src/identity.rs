@@ -153,6 +153,7 @@ pub fn resolve(
                     namespace: args.pod_namespace.clone().unwrap_or_default(),
                     name: owner.name.clone(),
                     uid: owner.uid.clone(),
+                    retention: conf.retention,
                 }),
             });
         }

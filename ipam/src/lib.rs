@@ -11,6 +11,7 @@ pub mod identity;
 pub mod kube;
 pub mod liveness;
 pub mod pod;
+pub mod retention;
 pub mod store;
 pub mod system;
 pub mod tenancy;

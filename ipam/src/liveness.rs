@@ -52,11 +52,13 @@ impl Verdict {
 /// The liveness seam: the real one looks at netns paths, tests script it.
 pub trait Inspector {
     fn verdict(&self, holder: &Holder, caller: Option<&Caller>) -> Verdict;
-    /// Whether a sticky identity's owner (a StatefulSet) was deleted, so
-    /// its reserved address may go back to the pool. Without the API
-    /// nothing is known, so nothing retires.
-    fn owner_retired(&self, _owner: &crate::claim::Owner) -> bool {
-        false
+    /// Why the sticky claim of `identity` has outlived its `owner` (a
+    /// StatefulSet deleted, or scaled below its ordinal, under a Delete
+    /// retention: `crate::retention`), so its address may go back to the
+    /// pool; None while it is kept. Without the API nothing is known, so
+    /// nothing retires.
+    fn owner_retired(&self, _owner: &crate::claim::Owner, _identity: &str) -> Option<String> {
+        None
     }
 }
 

@@ -25,6 +25,7 @@ use crate::system::node_facts;
 
 mod import;
 pub mod metrics;
+mod stop;
 
 pub const COMMANDS_HELP: &str = "\
 Claim commands (the file store under --dir, or the kubernetes store with
@@ -59,7 +60,7 @@ pub const STORE_OPTIONS: &str = "\
   --context NAME      the kubeconfig's context to use (default: its current one)
   --namespace NS      claims: only the claims of namespace NS (the identity's
                       namespace, or the holder pod's)
-  --output FORMAT     claims: json, yaml or wide (adds the liveness reason)
+  --output FORMAT     claims: json, yaml or wide (adds retention, liveness reason)
   --json              claims: the same as --output json
   --metrics-addr ADDR reconcile: serve Prometheus metrics at http://ADDR/metrics
                       (e.g. 0.0.0.0:9402), refreshed every sweep
@@ -233,8 +234,10 @@ release --network NET (--ip IP | --identity ID | --file NAME) [--force] [store o
             "\
 reconcile [store options] [--network NET] [--interval SECONDS] [--keep-retired] [--metrics-addr ADDR]
   Releases every holder confirmed dead, once or every --interval seconds,
-  printing a summary line per sweep. On the kubernetes store it also retires
-  the sticky claims of deleted StatefulSets unless --keep-retired, and with
+  printing a summary line per sweep; SIGTERM stops it between sweeps. On
+  the kubernetes store it also retires the sticky claims their network's
+  ipam.retention gives up (by default those of deleted StatefulSets) unless
+  --keep-retired, and with
   --metrics-addr serves Prometheus metrics: per network the range size (from
   the NetworkAttachmentDefinitions), addresses held, reserved, dead and free,
   and counters of refusals by reason, takeovers and reclaims (from the
@@ -299,7 +302,7 @@ Options, as kubectl takes them:
   -n, --namespace NS       only the claims of that namespace (the identity's,
                            or its holder pod's); default: every namespace
   -A, --all-namespaces     every namespace (the default)
-  -o, --output FORMAT      json, yaml or wide (wide adds the liveness reason)
+  -o, --output FORMAT      json, yaml or wide (wide adds retention and the liveness reason)
   --network NET            only that network
 ";
 
@@ -395,7 +398,7 @@ fn state(claim: &Claim, inspector: &dyn Inspector) -> (&'static str, String) {
     }
 }
 
-/// How `claims` prints: a table (`wide` adds the reason), JSON or YAML.
+/// How `claims` prints: a table (`wide` adds the retention and the reason), JSON or YAML.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Output {
     Table,
@@ -447,6 +450,7 @@ fn claims(opts: &Opts) -> CniResult<()> {
         "NODE",
         "STATE",
         "AGE",
+        "RETENTION",
         "REASON",
     ]
     .map(String::from)];
@@ -472,6 +476,11 @@ fn claims(opts: &Opts) -> CniResult<()> {
                 h.map(|h| h.node.clone()).unwrap_or_else(|| "-".into()),
                 st.to_string(),
                 age(c.updated, now),
+                // Only a StatefulSet's claims have a retention to apply.
+                c.owner
+                    .as_ref()
+                    .map(|o| o.retention.describe())
+                    .unwrap_or_else(|| "-".into()),
                 reason,
             ]);
         }
@@ -498,6 +507,7 @@ fn claims(opts: &Opts) -> CniResult<()> {
                 "-".into(),
                 "damaged".into(),
                 "-".into(),
+                "-".into(),
                 d.why.clone(),
             ]);
             eprintln!(
@@ -518,11 +528,15 @@ fn claims(opts: &Opts) -> CniResult<()> {
             print!("{text}");
             return Ok(());
         }
-        Output::Table => rows.iter_mut().for_each(|r| r[9].clear()),
+        // RETENTION and REASON are wide's.
+        Output::Table => rows.iter_mut().for_each(|r| {
+            r[9].clear();
+            r[10].clear();
+        }),
         Output::Wide => {}
     }
     eprintln!("states judged from {judged_from}");
-    let widths: Vec<usize> = (0..10)
+    let widths: Vec<usize> = (0..11)
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();
     for row in &rows {
@@ -606,6 +620,9 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
         })?;
         eprintln!("reconcile: metrics at http://{addr}/metrics");
     }
+    if interval.is_some() {
+        stop::install();
+    }
     loop {
         let t0 = Instant::now();
         let gauges = serving.is_some();
@@ -628,7 +645,10 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
                         e.msg
                     );
                 }
-                std::thread::sleep(d)
+                if stop::sleep_unless_stopped(d) {
+                    eprintln!("reconcile: stopped by a signal, between sweeps");
+                    return Ok(());
+                }
             }
         }
     }

@@ -25,6 +25,7 @@ const IPAM_KEYS: &[&str] = &[
     "nodeName",
     "maxScan",
     "criSocket",
+    "retention",
 ];
 
 /// host-local keys accepted so a NAD converts by changing `type`, with no
@@ -38,6 +39,7 @@ const HOST_LOCAL_ONLY_KEYS: &[&str] = &[
 const STORE_KEYS: &[&str] = &["type", "dir", "kubeconfig", "timeoutMs"];
 const RANGE_KEYS: &[&str] = &["subnet", "rangeStart", "rangeEnd", "gateway"];
 const RESERVATION_KEYS: &[&str] = &["ip", "namespaces"];
+const RETENTION_KEYS: &[&str] = &["whenScaled", "whenDeleted"];
 
 /// A typo among our keys is an error (code 2) naming it, never a silent
 /// default: a misspelt `reservations` would hand a reserved address to
@@ -47,6 +49,9 @@ pub(super) fn refuse_unknown_keys(ipam: &Value) -> CniResult<()> {
     refuse_unknown_in(ipam, "ipam", IPAM_KEYS, &[HOST_LOCAL_ONLY_KEYS])?;
     if let Some(store) = ipam.get("store") {
         refuse_unknown_in(store, "ipam.store", STORE_KEYS, &[])?;
+    }
+    if let Some(retention) = ipam.get("retention") {
+        refuse_unknown_in(retention, "ipam.retention", RETENTION_KEYS, &[])?;
     }
     for (i, set) in ipam
         .get("ranges")

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::addr::{parse_ip_maybe_cidr, parse_span, Span};
-use crate::claim::validate_identity;
+use crate::claim::{validate_identity, Retention};
 
 pub const DEFAULT_STORE_DIR: &str = "/var/lib/cni/sticky-ipam";
 
@@ -67,6 +67,9 @@ pub struct IpamConfig {
     /// holder with no netns (adopted from host-local) still exists; None
     /// when `criSocket` is "" (such holders then stay held).
     pub cri_socket: Option<PathBuf>,
+    /// What becomes of a StatefulSet pod's claim when its StatefulSet is
+    /// scaled below the pod or deleted; recorded on each claim's owner.
+    pub retention: Retention,
 }
 
 #[derive(Deserialize)]
@@ -134,6 +137,7 @@ struct RawIpam {
     node_name: Option<String>,
     max_scan: Option<u64>,
     cri_socket: Option<String>,
+    retention: Option<Retention>,
 }
 
 /// A DNS-1123 label, what a Kubernetes namespace name is.
@@ -239,6 +243,7 @@ impl IpamConfig {
             node_name: raw.node_name.filter(|n| !n.is_empty()),
             max_scan,
             cri_socket,
+            retention: raw.retention.unwrap_or_default(),
         })
     }
 

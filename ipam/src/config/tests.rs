@@ -164,3 +164,39 @@ fn invalid_configs_name_the_field_and_reason() {
         assert!(msg.contains(want), "{input}: {msg:?} lacks {want:?}");
     }
 }
+
+#[test]
+fn retention_defaults_to_the_old_rules_and_names_a_bad_policy() {
+    use crate::claim::{Retention, RetentionPolicy::*};
+    let base = json!({"subnet": "10.0.0.0/24"});
+    assert_eq!(parse(base.clone()).unwrap().retention, Retention::default());
+    let mut v = base.clone();
+    v["retention"] = json!({"whenScaled": "Delete", "whenDeleted": "Retain"});
+    assert_eq!(
+        parse(v).unwrap().retention,
+        Retention {
+            when_scaled: Delete,
+            when_deleted: Retain
+        }
+    );
+    let mut v = base.clone();
+    v["retention"] = json!({"whenScaled": "Delete"});
+    assert_eq!(parse(v).unwrap().retention.when_deleted, Delete);
+    for (bad, says) in [
+        (
+            json!({"whenScaled": "delete"}),
+            "ipam.retention.whenScaled is invalid",
+        ),
+        (json!("Delete"), "ipam.retention is invalid"),
+    ] {
+        let mut v = base.clone();
+        v["retention"] = bad;
+        let msg = err(v);
+        assert!(msg.contains(says), "{msg}");
+    }
+    let mut v = base;
+    v["retention"] = json!({"whenScaled": "Delete", "whenScaledDown": "Delete"});
+    let e = parse(v).unwrap_err();
+    assert_eq!(e.code, cni::code::UNSUPPORTED_FIELD, "{}", e.msg);
+    assert!(e.msg.contains("whenScaledDown"), "{}", e.msg);
+}

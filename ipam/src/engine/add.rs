@@ -225,8 +225,8 @@ impl Planner<'_> {
                 .owner
                 .as_ref()
                 .filter(|_| claim.sticky && dead)
-                .is_some_and(|o| self.inspector.owner_retired(o));
-            if claim.sticky && !retired {
+                .and_then(|o| self.inspector.owner_retired(o, &claim.identity));
+            if claim.sticky && retired.is_none() {
                 if dead {
                     idle_sticky.push(claim.identity.clone());
                 } else {
@@ -242,26 +242,21 @@ impl Planner<'_> {
             if !self.is_allocatable(&range, claim.ip) {
                 continue;
             }
-            let took_over =
-                Some(match (&claim.holder, &verdict) {
-                    _ if retired => {
-                        format!(
-                    "reclaimed {} of identity {:?} (pool exhausted): its {} {}/{} was deleted",
+            let took_over = Some(match (&claim.holder, &verdict) {
+                _ if retired.is_some() => format!(
+                    "reclaimed {} of identity {:?} (pool exhausted): {}",
                     claim.ip,
                     claim.identity,
-                    claim.owner.as_ref().map(|o| o.kind.as_str()).unwrap_or_default(),
-                    claim.owner.as_ref().map(|o| o.namespace.as_str()).unwrap_or_default(),
-                    claim.owner.as_ref().map(|o| o.name.as_str()).unwrap_or_default()
-                )
-                    }
-                    (Some(h), Some(v)) => format!(
-                        "reclaimed {} from {} (pool exhausted): {}",
-                        claim.ip,
-                        h.describe(),
-                        v.reason()
-                    ),
-                    _ => format!("reclaimed {} (pool exhausted): it had no holder", claim.ip),
-                });
+                    retired.as_deref().unwrap_or_default()
+                ),
+                (Some(h), Some(v)) => format!(
+                    "reclaimed {} from {} (pool exhausted): {}",
+                    claim.ip,
+                    h.describe(),
+                    v.reason()
+                ),
+                _ => format!("reclaimed {} (pool exhausted): it had no holder", claim.ip),
+            });
             self.plan.changes.push(Change {
                 before: Some(claim.clone()),
                 after: Some(self.new_claim(claim.ip)),

@@ -18,8 +18,14 @@ fn an_exhausted_pool_reclaims_sticky_claims_of_deleted_owners() {
                 Verdict::Dead("gone".into())
             }
         }
-        fn owner_retired(&self, o: &crate::claim::Owner) -> bool {
-            o.name == "old"
+        fn owner_retired(&self, o: &crate::claim::Owner, identity: &str) -> Option<String> {
+            use crate::retention::{retired, OwnerState};
+            let state = if o.name == "old" {
+                OwnerState::Missing
+            } else {
+                OwnerState::Unknown
+            };
+            retired(o, identity, &state)
         }
     }
     let c = small(); // four addresses
@@ -32,6 +38,7 @@ fn an_exhausted_pool_reclaims_sticky_claims_of_deleted_owners() {
             namespace: "ns".into(),
             name: (*set).into(),
             uid: "u".into(),
+            retention: Default::default(),
         });
         add(&c, &mut s, &alive, &r).unwrap();
         del(&mut s, &format!("c{i}"));

@@ -109,9 +109,10 @@ pub fn plan_reconcile(
     Ok((plan, released, alive))
 }
 
-/// Retires the sticky claims of identities whose owner (a StatefulSet)
-/// was deleted (`Inspector::owner_retired`): their address goes back to
-/// the pool once no live holder uses it.
+/// Retires the sticky claims whose owner (a StatefulSet) was deleted or
+/// scaled below their ordinal, as their retention says
+/// (`Inspector::owner_retired`): their address goes back to the pool once
+/// no live holder uses it.
 pub fn plan_retire(
     store: &mut dyn ClaimStore,
     inspector: &dyn Inspector,
@@ -120,7 +121,11 @@ pub fn plan_retire(
     let mut plan = Plan::default();
     let mut out = Vec::new();
     for claim in &listing.claims {
-        let Some(owner) = claim.owner.as_ref().filter(|o| inspector.owner_retired(o)) else {
+        let Some(why) = claim
+            .owner
+            .as_ref()
+            .and_then(|o| inspector.owner_retired(o, &claim.identity))
+        else {
             continue;
         };
         if let Some(h) = &claim.holder {
@@ -135,10 +140,7 @@ pub fn plan_retire(
         out.push(Released {
             ip: claim.ip,
             identity: claim.identity.clone(),
-            why: format!(
-                "{} {}/{} was deleted",
-                owner.kind, owner.namespace, owner.name
-            ),
+            why,
         });
     }
     Ok((plan, out))

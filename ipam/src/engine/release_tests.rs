@@ -16,8 +16,14 @@ fn retired_owners_free_their_sticky_claims_once_unheld() {
         fn verdict(&self, h: &Holder, c: Option<&Caller>) -> Verdict {
             self.0.verdict(h, c)
         }
-        fn owner_retired(&self, o: &crate::claim::Owner) -> bool {
-            o.name == "db"
+        fn owner_retired(&self, o: &crate::claim::Owner, identity: &str) -> Option<String> {
+            use crate::retention::{retired, OwnerState};
+            let state = if o.name == "db" {
+                OwnerState::Missing
+            } else {
+                OwnerState::Unknown
+            };
+            retired(o, identity, &state)
         }
     }
     let c = small();
@@ -28,6 +34,7 @@ fn retired_owners_free_their_sticky_claims_once_unheld() {
         namespace: "ns".into(),
         name: name.into(),
         uid: format!("uid-{name}"),
+        retention: Default::default(),
     };
     for (id, cid, set) in [
         ("ns/db-0", "a", "db"),
@@ -43,6 +50,88 @@ fn retired_owners_free_their_sticky_claims_once_unheld() {
     assert_eq!(out.len(), 1, "{out:?}");
     assert_eq!(out[0].identity, "ns/db-1");
     assert!(out[0].why.contains("StatefulSet ns/db was deleted"));
+    s.commit(&plan).unwrap();
+    assert_eq!(s.claims.len(), 2);
+}
+
+#[test]
+fn retention_keeps_or_retires_the_claims_of_scaled_and_deleted_statefulsets() {
+    use crate::claim::{Owner, Retention, RetentionPolicy::*};
+    use crate::retention::{retired, OwnerState, StatefulSetFacts};
+    /// "web" has 1 replica now; "db" was deleted.
+    struct Scripted;
+    impl Inspector for Scripted {
+        fn verdict(&self, _h: &Holder, _c: Option<&Caller>) -> Verdict {
+            Verdict::Dead("gone".into())
+        }
+        fn owner_retired(&self, o: &Owner, identity: &str) -> Option<String> {
+            let state = match o.name.as_str() {
+                "web" => OwnerState::Present(StatefulSetFacts {
+                    uid: "uid-web".into(),
+                    replicas: 1,
+                    ordinal_start: 0,
+                }),
+                _ => OwnerState::Missing,
+            };
+            retired(o, identity, &state)
+        }
+    }
+    // (identity, set, retention, retired)
+    let cases = [
+        (
+            "ns/web-0",
+            "web",
+            Retention {
+                when_scaled: Delete,
+                when_deleted: Retain,
+            },
+            false,
+        ),
+        (
+            "ns/web-1",
+            "web",
+            Retention {
+                when_scaled: Delete,
+                when_deleted: Retain,
+            },
+            true,
+        ),
+        ("ns/db-0", "db", Retention::default(), true),
+        (
+            "ns/db-1",
+            "db",
+            Retention {
+                when_scaled: Delete,
+                when_deleted: Retain,
+            },
+            false,
+        ),
+    ];
+    let c = small();
+    let mut s = MemoryStore::default();
+    for (i, (id, set, retention, _)) in cases.iter().enumerate() {
+        let mut r = req(id, true, &format!("c{i}"));
+        r.identity.owner = Some(Owner {
+            kind: crate::pod::STATEFUL_SET.into(),
+            namespace: "ns".into(),
+            name: (*set).into(),
+            uid: format!("uid-{set}"),
+            retention: *retention,
+        });
+        add(&c, &mut s, &Alive(vec![]), &r).unwrap();
+    }
+    let (plan, out) = plan_retire(&mut s, &Scripted).unwrap();
+    let gone: Vec<&str> = out.iter().map(|r| r.identity.as_str()).collect();
+    let want: Vec<&str> = cases.iter().filter(|c| c.3).map(|c| c.0).collect();
+    assert_eq!(gone, want, "{out:?}");
+    assert!(
+        out[0]
+            .why
+            .contains("replicas: 1 (ordinals 0..=0): ordinal 1 was scaled away"),
+        "{}",
+        out[0].why
+    );
+    assert!(out[1].why.contains("was deleted"), "{}", out[1].why);
     s.commit(&plan).unwrap();
     assert_eq!(s.claims.len(), 2);
 }

@@ -38,6 +38,7 @@ use super::{
 };
 use crate::events::PodEvent;
 use crate::pod::{stable_owner_kind, PodFacts, StableOwner, IDENTITY_ANNOTATION};
+use crate::retention::StatefulSetFacts;
 
 pub struct KubeClient {
     runtime: Runtime,
@@ -111,13 +112,30 @@ impl KubeClient {
         context: Option<&str>,
         timeout: Duration,
     ) -> Result<KubeClient, ApiError> {
-        let runtime = runtime()?;
         let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
             ApiError::Client(format!(
                 "cannot read kubeconfig {}: {e}: install it with `sticky-macvlan install` or fix ipam.store.kubeconfig",
                 path.display()
             ))
         })?;
+        KubeClient::from_parsed(kubeconfig, context, &path.display().to_string(), timeout)
+    }
+
+    /// From a kubeconfig's text (the installer's, naming the pod's own
+    /// service-account files).
+    pub fn from_kubeconfig_text(text: &str, timeout: Duration) -> Result<KubeClient, ApiError> {
+        let kubeconfig = Kubeconfig::from_yaml(text)
+            .map_err(|e| ApiError::Client(format!("cannot read the kubeconfig: {e}")))?;
+        KubeClient::from_parsed(kubeconfig, None, "(generated)", timeout)
+    }
+
+    fn from_parsed(
+        kubeconfig: Kubeconfig,
+        context: Option<&str>,
+        source: &str,
+        timeout: Duration,
+    ) -> Result<KubeClient, ApiError> {
+        let runtime = runtime()?;
         let config = runtime
             .block_on(Config::from_custom_kubeconfig(
                 kubeconfig,
@@ -126,8 +144,62 @@ impl KubeClient {
                     ..KubeConfigOptions::default()
                 },
             ))
-            .map_err(|e| ApiError::Client(format!("kubeconfig {}: {e}", path.display())))?;
+            .map_err(|e| ApiError::Client(format!("kubeconfig {source}: {e}")))?;
         KubeClient::with_config(runtime, config, timeout)
+    }
+
+    /// A token of service account `namespace/name` bound to node `node`
+    /// (TokenRequest with a Node as bound object), valid for `lifetime` or
+    /// what the API server caps it to, with its expiry in Unix seconds.
+    /// The installer writes it for the plugin on the node: a token bound
+    /// to the installer's own pod would die with that pod, leaving the
+    /// node without credentials through every DaemonSet rollout.
+    pub fn node_bound_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        node: &str,
+        lifetime: Duration,
+    ) -> ApiResult<(String, i64)> {
+        use k8s_openapi::api::authentication::v1::{
+            BoundObjectReference, TokenRequest, TokenRequestSpec,
+        };
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                // The API server's own audience: the default.
+                audiences: None,
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Node".into()),
+                    name: Some(node.into()),
+                    uid: None,
+                }),
+                expiration_seconds: Some(i64::try_from(lifetime.as_secs()).unwrap_or(i64::MAX)),
+                ..TokenRequestSpec::default()
+            }),
+            ..TokenRequest::default()
+        };
+        let what =
+            format!("create token for serviceaccount {namespace}/{name} bound to node {node}");
+        let granted = self
+            .bounded(
+                &what,
+                api.create_token_request(name, &PostParams::default(), &request),
+            )?
+            .map_err(|e| classify(&what, &self.server, e))?;
+        let no_token = || ApiError::Refused(format!("{what}: the answer has no token"));
+        let status = granted.status.ok_or_else(no_token)?;
+        let token = status
+            .token
+            .filter(|t| !t.is_empty())
+            .ok_or_else(no_token)?;
+        let expiry = status
+            .expiration_timestamp
+            .map(|t| t.0.as_second())
+            .ok_or_else(no_token)?;
+        Ok((token, expiry))
     }
 
     fn with_config(
@@ -527,13 +599,13 @@ impl KubeApi for KubeClient {
         Ok(node.map(|n| node_facts(&n)))
     }
 
-    fn get_stateful_set(&self, namespace: &str, name: &str) -> ApiResult<Option<String>> {
+    fn get_stateful_set(&self, namespace: &str, name: &str) -> ApiResult<Option<StatefulSetFacts>> {
         let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), namespace);
         let set = self.get_opt(
             &format!("get statefulset {namespace}/{name}"),
             api.get(name),
         )?;
-        Ok(set.map(|s| s.metadata.uid.unwrap_or_default()))
+        Ok(set.map(|s| stateful_set_facts(&s)))
     }
 
     fn post_event(&self, event: &PodEvent) -> ApiResult<()> {
@@ -586,6 +658,16 @@ impl KubeApi for KubeClient {
         )?
         .map(drop)
         .map_err(|e| classify(&what, &self.server, e))
+    }
+}
+
+pub fn stateful_set_facts(s: &StatefulSet) -> StatefulSetFacts {
+    // Negative counts are refused by the API; read them as unset.
+    let count = |n: Option<i32>| n.and_then(|n| u32::try_from(n).ok());
+    StatefulSetFacts {
+        uid: s.metadata.uid.clone().unwrap_or_default(),
+        replicas: count(s.spec.replicas).unwrap_or(1),
+        ordinal_start: count(s.spec.ordinals.as_ref().and_then(|o| o.start)).unwrap_or(0),
     }
 }
 

@@ -340,6 +340,7 @@ mod tests {
                     namespace: "bgp".into(),
                     name: "rs0".into(),
                     uid: "u".into(),
+                    retention: Default::default(),
                 }),
                 namespace: Some("bgp".into()),
                 created: 1,

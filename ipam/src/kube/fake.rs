@@ -15,7 +15,7 @@ pub struct FakeApi {
     pub locks: RefCell<BTreeMap<String, LockObject>>,
     pub pods: RefCell<BTreeMap<String, PodFacts>>,
     pub nodes: RefCell<BTreeMap<String, ClusterNode>>,
-    pub stateful_sets: RefCell<BTreeMap<String, String>>,
+    pub stateful_sets: RefCell<BTreeMap<String, crate::retention::StatefulSetFacts>>,
     pub events: RefCell<Vec<crate::events::PodEvent>>,
     /// Every call, as "verb target".
     pub calls: RefCell<Vec<String>>,
@@ -195,7 +195,11 @@ impl KubeApi for FakeApi {
         Ok(self.nodes.borrow().get(name).cloned())
     }
 
-    fn get_stateful_set(&self, namespace: &str, name: &str) -> ApiResult<Option<String>> {
+    fn get_stateful_set(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> ApiResult<Option<crate::retention::StatefulSetFacts>> {
         let key = format!("{namespace}/{name}");
         self.record(format!("get statefulset {key}"))?;
         Ok(self.stateful_sets.borrow().get(&key).cloned())

@@ -10,6 +10,7 @@ use super::{ApiError, ClusterNode, KubeApi};
 use crate::claim::{Holder, Owner};
 use crate::liveness::{is_local, judge, Caller, Inspector, NetnsState, NodeFacts, Verdict};
 use crate::pod::PodFacts;
+use crate::retention::{self, OwnerState, StatefulSetFacts};
 use crate::system::netns_state;
 
 /// One API lookup's outcome.
@@ -97,7 +98,7 @@ pub struct KubeInspector<'a> {
     pods: RefCell<BTreeMap<String, Lookup<PodFacts>>>,
     nodes: RefCell<BTreeMap<String, Lookup<ClusterNode>>>,
     /// namespace/name -> the StatefulSet's UID, None when it is gone.
-    owners: RefCell<BTreeMap<String, Lookup<String>>>,
+    owners: RefCell<BTreeMap<String, Lookup<StatefulSetFacts>>>,
 }
 
 impl<'a> KubeInspector<'a> {
@@ -140,33 +141,33 @@ impl<'a> KubeInspector<'a> {
     }
 }
 
-/// Whether a claim's owner was deleted (or re-created under a new UID,
-/// which makes its pods new identities' holders too). Unknown counts as
-/// not deleted.
-pub fn owner_gone(owner: &Owner, found: &Lookup<String>) -> bool {
+/// What retention reads of the owner's lookup: a failed one is unknown.
+pub fn owner_state(found: Lookup<StatefulSetFacts>) -> OwnerState {
     match found {
-        Lookup::Missing => true,
-        Lookup::Found(uid) => !owner.uid.is_empty() && *uid != owner.uid,
-        Lookup::Unreachable(_) => false,
+        Lookup::Found(facts) => OwnerState::Present(facts),
+        Lookup::Missing => OwnerState::Missing,
+        Lookup::Unreachable(_) => OwnerState::Unknown,
     }
 }
 
 impl Inspector for KubeInspector<'_> {
-    fn owner_retired(&self, owner: &Owner) -> bool {
+    fn owner_retired(&self, owner: &Owner, identity: &str) -> Option<String> {
+        // Only an apps/v1 StatefulSet is asked about: a GET of another
+        // kind's name as a StatefulSet would say "missing".
         if owner.kind != crate::pod::STATEFUL_SET {
-            return false;
+            return None;
         }
         let key = format!("{}/{}", owner.namespace, owner.name);
         let cached = self.owners.borrow().get(&key).cloned();
         let found = cached.unwrap_or_else(|| {
-            let got: Lookup<String> = self
+            let got: Lookup<StatefulSetFacts> = self
                 .api
                 .get_stateful_set(&owner.namespace, &owner.name)
                 .into();
             self.owners.borrow_mut().insert(key, got.clone());
             got
         });
-        owner_gone(owner, &found)
+        retention::retired(owner, identity, &owner_state(found))
     }
 
     fn verdict(&self, holder: &Holder, caller: Option<&Caller>) -> Verdict {
@@ -312,17 +313,12 @@ mod tests {
     }
 
     #[test]
-    fn owners_retire_when_gone_or_recreated() {
-        let owner = Owner {
-            kind: "StatefulSet".into(),
-            namespace: "db".into(),
-            name: "rs0".into(),
-            uid: "u1".into(),
-        };
-        assert!(owner_gone(&owner, &Lookup::Missing));
-        assert!(owner_gone(&owner, &Lookup::Found("u2".into())));
-        assert!(!owner_gone(&owner, &Lookup::Found("u1".into())));
-        assert!(!owner_gone(&owner, &Lookup::Unreachable("timeout".into())));
+    fn an_unanswered_owner_lookup_retires_nothing() {
+        assert_eq!(owner_state(Lookup::Missing), OwnerState::Missing);
+        assert_eq!(
+            owner_state(Lookup::Unreachable("timeout".into())),
+            OwnerState::Unknown
+        );
     }
 
     #[test]
@@ -362,15 +358,16 @@ mod tests {
             namespace: "ns".into(),
             name: "rs0".into(),
             uid: "asts-uid".into(),
+            retention: Default::default(),
         };
-        assert!(!inspector.owner_retired(&kruise));
+        assert_eq!(inspector.owner_retired(&kruise, "ns/rs0-0"), None);
         assert_eq!(api.calls.borrow().len(), 1, "no request for it");
         let gone = Owner {
             kind: crate::pod::STATEFUL_SET.into(),
             ..kruise
         };
         assert!(
-            inspector.owner_retired(&gone),
+            inspector.owner_retired(&gone, "ns/rs0-0").is_some(),
             "an apps/v1 StatefulSet the API lacks"
         );
         // On its own node, a holder whose netns is gone is dead without the API.

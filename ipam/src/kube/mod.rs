@@ -116,8 +116,13 @@ pub trait KubeApi {
     fn delete_lock(&self, name: &str, uid: &str) -> ApiResult<()>;
     fn get_pod(&self, namespace: &str, name: &str) -> ApiResult<Option<PodFacts>>;
     fn get_node(&self, name: &str) -> ApiResult<Option<ClusterNode>>;
-    /// The UID of a StatefulSet, None when it no longer exists.
-    fn get_stateful_set(&self, namespace: &str, name: &str) -> ApiResult<Option<String>>;
+    /// What retention needs of a StatefulSet, None when it no longer
+    /// exists.
+    fn get_stateful_set(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> ApiResult<Option<crate::retention::StatefulSetFacts>>;
     /// Posts an Event on the pod; best effort, so the real client bounds it
     /// by its own short deadline rather than the store's timeout.
     fn post_event(&self, event: &crate::events::PodEvent) -> ApiResult<()>;
