@@ -174,9 +174,26 @@ fn rbac_is_least_privilege() {
     assert!(reconcile.iter().all(|(_, _, verbs)| !verbs
         .iter()
         .any(|v| v == "create" || v == "*" || v == "watch")));
-    assert!(docs
+    // The one Role: the installer may mint tokens of the plugin's own
+    // service account (bound to its node), of no other.
+    let roles: Vec<&serde_json::Value> = docs.iter().filter(|d| d["kind"] == "Role").collect();
+    assert_eq!(roles.len(), 1, "{roles:?}");
+    assert_eq!(roles[0]["metadata"]["name"], "sticky-macvlan-installer");
+    assert_eq!(
+        roles[0]["rules"],
+        serde_json::json!([{
+            "apiGroups": [""],
+            "resources": ["serviceaccounts/token"],
+            "resourceNames": ["sticky-macvlan"],
+            "verbs": ["create"]
+        }])
+    );
+    let binding = docs
         .iter()
-        .all(|d| d["kind"] != "Role" || d["rules"].is_null()));
+        .find(|d| d["kind"] == "RoleBinding")
+        .expect("the installer's RoleBinding");
+    assert_eq!(binding["roleRef"]["name"], "sticky-macvlan-installer");
+    assert_eq!(binding["subjects"][0]["name"], "sticky-macvlan");
 }
 
 /// (resource, verb) of every request `KubeClient` can make, from its source:

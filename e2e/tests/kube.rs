@@ -453,6 +453,7 @@ fn installer_lays_out_a_node() {
     let sa = root.join("sa");
     std::fs::create_dir_all(&sa).expect("sa dir");
     std::fs::write(sa.join("token"), "token-1").expect("token");
+    std::fs::write(sa.join("namespace"), "kube-system").expect("namespace");
     std::fs::write(sa.join("ca.crt"), "-----BEGIN CERTIFICATE-----\n").expect("ca");
     let (bin, conf) = (
         root.join("host/opt/cni/bin"),
@@ -464,8 +465,10 @@ fn installer_lays_out_a_node() {
         .args(["--cni-conf-dir".as_ref(), conf.as_os_str()])
         .args(["--service-account".as_ref(), sa.as_os_str()])
         .args(["--node-name", "node7"])
-        .env("KUBERNETES_SERVICE_HOST", "10.96.0.1")
-        .env("KUBERNETES_SERVICE_PORT", "443")
+        // Nothing listens there (loopback only): the node-bound token
+        // cannot be had, and install falls back to the pod's token.
+        .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        .env("KUBERNETES_SERVICE_PORT", "1")
         .env_remove("CNI_COMMAND")
         .output()
         .expect("run install");
@@ -483,7 +486,7 @@ fn installer_lays_out_a_node() {
     let kubeconfig =
         std::fs::read_to_string(dir.join("sticky-macvlan.kubeconfig")).expect("kubeconfig");
     assert!(
-        kubeconfig.contains("server: https://10.96.0.1:443"),
+        kubeconfig.contains("server: https://127.0.0.1:1"),
         "{kubeconfig}"
     );
     assert!(
@@ -494,6 +497,17 @@ fn installer_lays_out_a_node() {
     assert_eq!(
         std::fs::read_to_string(dir.join("nodename")).expect("nodename"),
         "node7\n"
+    );
+    // Without a node-bound token it copies the pod's, and says what that
+    // costs.
+    assert_eq!(
+        std::fs::read_to_string(dir.join("token")).expect("token"),
+        "token-1"
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("no node-bound token") && said.contains("DaemonSet rollout"),
+        "{said}"
     );
     use std::os::unix::fs::PermissionsExt;
     for (file, mode) in [("token", 0o600), ("sticky-macvlan.kubeconfig", 0o600)] {

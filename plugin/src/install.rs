@@ -1,16 +1,22 @@
 //! `sticky-macvlan install`: what the DaemonSet's container runs on every
 //! node. It copies the binaries into the host's CNI bin directory and
-//! writes a kubeconfig for the plugin from the pod's service account (CNI
-//! plugins are exec'd by the runtime on the host, outside any pod, so they
-//! have no in-cluster credentials of their own). With `--wait` it stays
-//! and refreshes the token copy, because projected service-account tokens
-//! rotate.
+//! writes a kubeconfig for the plugin (CNI plugins are exec'd by the
+//! runtime on the host, outside any pod, so they have no in-cluster
+//! credentials of their own). The token it writes is the service
+//! account's, bound to the node (TokenRequest): one bound to this pod, as
+//! its projected token is, would die with the pod, and every DaemonSet
+//! rollout would leave the node unable to allocate until the new pod ran.
+//! Where the API refuses that, it copies the pod's token and says what
+//! that costs. With `--wait` it stays and renews the token at half its
+//! life.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
+
+use sticky_ipam::kube::client::KubeClient;
 
 pub const HELP: &str = "\
 Usage: sticky-macvlan install [options]
@@ -30,8 +36,15 @@ Options:
   --service-account DIR    token and ca.crt (default
                            /var/run/secrets/kubernetes.io/serviceaccount)
   --node-name NAME         this node's name (default: $NODE_NAME)
-  --wait                   stay, refreshing the token every 60 seconds
+  --service-account-name NAME
+                           the service account to ask a node-bound token of
+                           (default: $SERVICE_ACCOUNT_NAME, else sticky-macvlan)
+  --wait                   stay, renewing the token at half its life
 ";
+
+/// How long a node-bound token is asked for (the API server may cap it);
+/// `--wait` renews it at half that.
+const NODE_TOKEN_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 
 struct Opts {
     bin_dir: PathBuf,
@@ -39,6 +52,7 @@ struct Opts {
     host_conf_dir: PathBuf,
     service_account: PathBuf,
     node_name: Option<String>,
+    service_account_name: String,
     wait: bool,
 }
 
@@ -49,6 +63,10 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         host_conf_dir: "/etc/cni/net.d".into(),
         service_account: "/var/run/secrets/kubernetes.io/serviceaccount".into(),
         node_name: std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()),
+        service_account_name: std::env::var("SERVICE_ACCOUNT_NAME")
+            .ok()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "sticky-macvlan".into()),
         wait: false,
     };
     let mut it = args.iter();
@@ -66,6 +84,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--host-cni-conf-dir" => o.host_conf_dir = v.into(),
             "--service-account" => o.service_account = v.into(),
             "--node-name" => o.node_name = Some(v.clone()),
+            "--service-account-name" => o.service_account_name = v.clone(),
             _ => return Err(format!("unknown argument {a:?}")),
         }
     }
@@ -101,7 +120,107 @@ fn kubeconfig(server: &str, ca: &Path, token: &Path) -> String {
     )
 }
 
-fn install(o: &Opts) -> Result<(), String> {
+/// The token the plugin on this node uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Credential {
+    /// Bound to the node, issued and expiring at these Unix seconds.
+    NodeBound { issued: i64, expiry: i64 },
+    /// A copy of this pod's projected token (it dies with the pod).
+    PodToken,
+}
+
+impl Credential {
+    /// Whether `--wait` should ask for a new token at `now`: a node-bound
+    /// one at half its life, a pod token's copy every time (it rotates,
+    /// and a node-bound token may have become available).
+    fn renew_due(&self, now: i64) -> bool {
+        match *self {
+            Credential::NodeBound { issued, expiry } => now >= issued + (expiry - issued) / 2,
+            Credential::PodToken => true,
+        }
+    }
+}
+
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// The API server's address as this pod sees it.
+fn server() -> Result<String, String> {
+    let host = std::env::var("KUBERNETES_SERVICE_HOST").map_err(|_| {
+        "KUBERNETES_SERVICE_HOST is not set: run install inside the DaemonSet pod (examples/daemonset.yaml)".to_string()
+    })?;
+    let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
+    Ok(if host.contains(':') {
+        format!("https://[{host}]:{port}")
+    } else {
+        format!("https://{host}:{port}")
+    })
+}
+
+/// A token of the service account bound to this node, asked with this
+/// pod's own credentials.
+fn node_bound_token(o: &Opts, server: &str) -> Result<(String, i64), String> {
+    let node = o
+        .node_name
+        .as_deref()
+        .ok_or("no --node-name or NODE_NAME to bind it to")?;
+    let namespace_file = o.service_account.join("namespace");
+    let namespace = fs::read_to_string(&namespace_file)
+        .map_err(|e| format!("cannot read {}: {e}", namespace_file.display()))?;
+    let own = kubeconfig(
+        server,
+        &o.service_account.join("ca.crt"),
+        &o.service_account.join("token"),
+    );
+    let client = KubeClient::from_kubeconfig_text(&own, Duration::from_secs(10))
+        .map_err(|e| e.to_string())?;
+    client
+        .node_bound_token(
+            namespace.trim(),
+            &o.service_account_name,
+            node,
+            NODE_TOKEN_LIFETIME,
+        )
+        .map_err(|e| e.to_string())
+}
+
+/// Writes the plugin's token: node-bound when the API grants one, else a
+/// copy of this pod's.
+fn write_token(o: &Opts, server: &str, quiet: bool) -> Result<Credential, String> {
+    let path = o.conf_dir.join("sticky-macvlan.d").join("token");
+    match node_bound_token(o, server) {
+        Ok((token, expiry)) => {
+            put(&path, token.as_bytes(), 0o600)?;
+            if !quiet {
+                println!(
+                    "wrote a token bound to node {}, valid {} s",
+                    o.node_name.as_deref().unwrap_or_default(),
+                    expiry - now_unix()
+                );
+            }
+            Ok(Credential::NodeBound {
+                issued: now_unix(),
+                expiry,
+            })
+        }
+        Err(why) => {
+            let fresh = read(&o.service_account.join("token"))?;
+            if fs::read(&path).ok().as_deref() != Some(&fresh[..]) {
+                put(&path, &fresh, 0o600)?;
+                eprintln!(
+                    "sticky-macvlan install: no node-bound token ({why}); copied this pod's token instead, which stops working when this pod is deleted: during a DaemonSet rollout this node cannot allocate until the new pod has run. Grant `create serviceaccounts/token` (examples/rbac.yaml, Role sticky-macvlan-installer) to fix"
+                );
+            }
+            Ok(Credential::PodToken)
+        }
+    }
+}
+
+fn install(o: &Opts) -> Result<Credential, String> {
     let me = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
     fs::create_dir_all(&o.bin_dir)
         .map_err(|e| format!("cannot create {}: {e}", o.bin_dir.display()))?;
@@ -118,25 +237,13 @@ fn install(o: &Opts) -> Result<(), String> {
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
         .map_err(|e| format!("cannot chmod {}: {e}", dir.display()))?;
     let host_dir = o.host_conf_dir.join("sticky-macvlan.d");
-    let host = std::env::var("KUBERNETES_SERVICE_HOST").map_err(|_| {
-        "KUBERNETES_SERVICE_HOST is not set: run install inside the DaemonSet pod (examples/daemonset.yaml)".to_string()
-    })?;
-    let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
-    let server = if host.contains(':') {
-        format!("https://[{host}]:{port}")
-    } else {
-        format!("https://{host}:{port}")
-    };
+    let server = server()?;
     put(
         &dir.join("ca.crt"),
         &read(&o.service_account.join("ca.crt"))?,
         0o600,
     )?;
-    put(
-        &dir.join("token"),
-        &read(&o.service_account.join("token"))?,
-        0o600,
-    )?;
+    let credential = write_token(o, &server, false)?;
     put(
         &dir.join("sticky-macvlan.kubeconfig"),
         kubeconfig(&server, &host_dir.join("ca.crt"), &host_dir.join("token")).as_bytes(),
@@ -153,17 +260,7 @@ fn install(o: &Opts) -> Result<(), String> {
         o.bin_dir.display(),
         dir.display()
     );
-    Ok(())
-}
-
-fn refresh_token(o: &Opts) -> Result<(), String> {
-    let fresh = read(&o.service_account.join("token"))?;
-    let copy = o.conf_dir.join("sticky-macvlan.d").join("token");
-    if fs::read(&copy).ok().as_deref() != Some(&fresh[..]) {
-        put(&copy, &fresh, 0o600)?;
-        println!("refreshed the service account token");
-    }
-    Ok(())
+    Ok(credential)
 }
 
 pub fn main(args: &[String]) -> ExitCode {
@@ -178,17 +275,48 @@ pub fn main(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = install(&o) {
-        eprintln!("sticky-macvlan install: {e}");
-        return ExitCode::from(1);
-    }
+    let mut credential = match install(&o) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sticky-macvlan install: {e}");
+            return ExitCode::from(1);
+        }
+    };
     if !o.wait {
         return ExitCode::SUCCESS;
     }
     loop {
         std::thread::sleep(Duration::from_secs(60));
-        if let Err(e) = refresh_token(&o) {
-            eprintln!("sticky-macvlan install: {e}");
+        if !credential.renew_due(now_unix()) {
+            continue;
         }
+        // A failed renewal keeps the token in place, valid for the other
+        // half of its life; the next minute tries again.
+        match server().and_then(|s| write_token(&o, &s, true)) {
+            Ok(c) => credential = c,
+            Err(e) => eprintln!("sticky-macvlan install: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Credential;
+
+    #[test]
+    fn a_node_bound_token_is_renewed_at_half_its_life_a_pod_token_every_time() {
+        let bound = Credential::NodeBound {
+            issued: 1000,
+            expiry: 1000 + 86400,
+        };
+        for (now, due) in [
+            (1000, false),
+            (1000 + 43199, false),
+            (1000 + 43200, true),
+            (1000 + 90000, true),
+        ] {
+            assert_eq!(bound.renew_due(now), due, "{now}");
+        }
+        assert!(Credential::PodToken.renew_due(0));
     }
 }
