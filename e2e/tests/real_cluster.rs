@@ -211,15 +211,10 @@ impl Drop for ClaimsOf<'_> {
             "--cascade=foreground",
             "--timeout=60s",
         ]);
-        let _ = self.c.try_kubectl(&[
-            "-n",
-            ns,
-            "wait",
-            "--for=delete",
-            "pod",
-            "--all",
-            "--timeout=60s",
-        ]);
+        // Bare pods too (a foreground-deleted workload's are gone already).
+        let _ = self
+            .c
+            .try_kubectl(&["-n", ns, "delete", "pod", "--all", "--timeout=60s"]);
         self.c.release_claims_of_namespace(ns);
     }
 }
@@ -2152,4 +2147,303 @@ fn retention_deletes_scaled_away_claims_and_keeps_a_deleted_statefulsets() {
         "a re-created StatefulSet's db-0 finds the retained addresses"
     );
     eprintln!("retention: the StatefulSet deleted and re-created, db-0 back on {again:?} (whenDeleted=Retain)");
+}
+
+/// The claims of the token the installer left on NODE for the plugin.
+fn plugin_token_claims(c: &LocalCluster, node: &str) -> serde_json::Value {
+    use base64::Engine;
+    let file = c
+        .node_disk(node)
+        .join("etc-cni-net.d/sticky-macvlan.d/token");
+    let token =
+        std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let payload = token.split('.').nth(1).expect("a JWT has a payload");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .expect("base64url payload");
+    serde_json::from_slice(&bytes).expect("JSON payload")
+}
+
+/// A pod on NODE (no scheduler) attached to NETWORK (a NAD's name).
+fn pinned_pod(ns: &str, name: &str, node: &str, network: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {ns}
+  annotations: {{k8s.v1.cni.cncf.io/networks: {network}}}
+spec:
+  nodeName: {node}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: localhost/testbox:1
+    imagePullPolicy: Never
+    command: ["sleep", "100000"]
+"#
+    )
+}
+
+/// Puts the sticky-macvlan DaemonSet back as examples/ has it on drop
+/// (a test that patched it rolls it out again) and waits for the rollout.
+struct DaemonSetRestore<'a>(&'a LocalCluster);
+
+impl Drop for DaemonSetRestore<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.try_kubectl(&[
+            "-n",
+            "kube-system",
+            "patch",
+            "daemonset",
+            "sticky-macvlan",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"template":{"spec":{"affinity":null}}}}"#,
+        ]);
+        let _ = self.0.try_kubectl(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "daemonset/sticky-macvlan",
+            "--timeout=180s",
+        ]);
+    }
+}
+
+/// The token the installer writes is bound to the node, so the plugin's
+/// credentials outlive the installer pod: a DaemonSet rollout (a template
+/// change) that also takes the installer off one node entirely, with pods
+/// started on every node while it runs; all get their addresses, and so
+/// does a pod started on the node whose installer pod is gone.
+#[test]
+fn the_plugins_token_outlives_the_installer_pod_through_a_daemonset_rollout() {
+    let Some(c) =
+        cluster("the_plugins_token_outlives_the_installer_pod_through_a_daemonset_rollout")
+    else {
+        return;
+    };
+    let ns = c.namespace("rollout");
+    let ns = ns.name.clone();
+    let _claims = ClaimsOf {
+        c: &c,
+        ns: ns.clone(),
+    };
+    c.apply(&fabric_db_nad(&c, &ns));
+    let nodes = c.nodes();
+    for n in &nodes {
+        let claims = plugin_token_claims(&c, n);
+        assert_eq!(
+            claims["kubernetes.io"]["node"]["name"],
+            n.as_str(),
+            "{n}: the plugin's token is bound to its node: {claims}"
+        );
+        assert!(
+            claims["kubernetes.io"]["pod"].is_null(),
+            "{n}: and not to the installer pod: {claims}"
+        );
+    }
+    let spared = nodes[0].clone();
+    let _restore = DaemonSetRestore(&c);
+    let t = Instant::now();
+    let affinity = format!(
+        r#"{{"spec":{{"template":{{"spec":{{"affinity":{{"nodeAffinity":{{"requiredDuringSchedulingIgnoredDuringExecution":{{"nodeSelectorTerms":[{{"matchExpressions":[{{"key":"kubernetes.io/hostname","operator":"NotIn","values":["{spared}"]}}]}}]}}}}}}}}}}}}}}"#
+    );
+    c.kubectl(&[
+        "-n",
+        "kube-system",
+        "patch",
+        "daemonset",
+        "sticky-macvlan",
+        "--type=merge",
+        "-p",
+        &affinity,
+    ]);
+    for n in &nodes {
+        c.apply(&pinned_pod(&ns, &format!("during-{n}"), n, "fabric-db"));
+    }
+    c.wait(
+        "no installer pod left on the spared node",
+        2 * MINUTE,
+        || {
+            let pods = c.json(&[
+                "-n",
+                "kube-system",
+                "get",
+                "pods",
+                "-l",
+                "app.kubernetes.io/name=sticky-macvlan",
+                "--field-selector",
+                &format!("spec.nodeName={spared}"),
+            ]);
+            match pods["items"].as_array().map(Vec::len) {
+                Some(0) => Ok(()),
+                other => Err(format!("{other:?} installer pods on {spared}")),
+            }
+        },
+    );
+    let mut all = BTreeSet::new();
+    for n in &nodes {
+        let pod = format!("during-{n}");
+        c.wait_running(&ns, &pod, &[], 2 * MINUTE);
+        let addrs = c.pod_addrs(&ns, &pod, "net1");
+        assert_dual_stack(&pod, &addrs);
+        all.extend(addrs);
+    }
+    c.apply(&pinned_pod(&ns, "after", &spared, "fabric-db"));
+    c.wait_running(&ns, "after", &[], 2 * MINUTE);
+    let addrs = c.pod_addrs(&ns, "after", "net1");
+    assert_dual_stack("after", &addrs);
+    all.extend(addrs);
+    assert_eq!(
+        all.len(),
+        2 * (nodes.len() + 1),
+        "distinct addresses: {all:?}"
+    );
+    eprintln!(
+        "rollout: {} pods started during a DaemonSet rollout and 1 on {spared} after its installer pod was gone, all attached, in {:.1} s",
+        nodes.len(),
+        t.elapsed().as_secs_f64()
+    );
+}
+
+/// A NAD named `migr` in NS with the same range on IPAM `ipam` (the
+/// reference host-local, or ours on the kubernetes store).
+fn migration_nad(ns: &str, plugin: &str, ipam: &str) -> String {
+    let store = if ipam == "sticky-ipam" {
+        r#", "store": {"type": "kubernetes"}"#
+    } else {
+        ""
+    };
+    format!(
+        r#"apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {{name: migr, namespace: {ns}}}
+spec:
+  config: '{{"cniVersion": "1.0.0", "name": "migr", "type": "{plugin}", "master": "eth1", "mode": "bridge", "ipam": {{"type": "{ipam}", "ranges": [[{{"subnet": "172.31.77.0/24", "rangeStart": "172.31.77.10", "rangeEnd": "172.31.77.60"}}]]{store}}}}}'
+"#
+    )
+}
+
+/// A node on the reference macvlan + host-local switches to us with its
+/// pods running: `import-host-local` on the node (its plugin kubeconfig,
+/// its containerd) adopts the running pods' addresses into the kubernetes
+/// store, naming the pods; a pod started after the switch gets another
+/// address; an old pod deleted (its DEL goes to host-local, which Multus
+/// cached) has its imported claim freed by the reconcile Deployment, and
+/// the live one keeps its own. A rerun imports nothing twice.
+#[test]
+fn import_host_local_moves_a_running_node_into_the_kubernetes_store() {
+    let Some(c) = cluster("import_host_local_moves_a_running_node_into_the_kubernetes_store")
+    else {
+        return;
+    };
+    let ns = c.namespace("migr");
+    let ns = ns.name.clone();
+    let _claims = ClaimsOf {
+        c: &c,
+        ns: ns.clone(),
+    };
+    let node = c.nodes()[1].clone();
+    c.apply(&migration_nad(&ns, "macvlan", "host-local"));
+    let old = ["old-0", "old-1"];
+    for p in old {
+        c.apply(&pinned_pod(&ns, p, &node, "migr"));
+    }
+    let mut before = BTreeMap::new();
+    for p in old {
+        c.wait_running(&ns, p, &[], 2 * MINUTE);
+        before.insert(p, c.pod_addrs(&ns, p, "net1"));
+    }
+    let import = || {
+        let out = std::process::Command::new("nsenter")
+            .args(["-t", &c.node_pid(&node), "-n", "-m", "-u", "--"])
+            .args([
+                "/opt/cni/bin/sticky-macvlan",
+                "import-host-local",
+                "--network",
+                "migr",
+                "--from",
+                "/var/lib/cni/networks/migr",
+                "--kubeconfig",
+                "/etc/cni/net.d/sticky-macvlan.d/sticky-macvlan.kubeconfig",
+                "--node",
+                &node,
+            ])
+            .output()
+            .expect("run import-host-local on the node");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "import-host-local: {said}");
+        said
+    };
+    let said = import();
+    assert!(said.contains("imported 2 host-local allocations"), "{said}");
+    assert!(said.contains("has 2 of these sandboxes"), "{said}");
+    let claims: Vec<serde_json::Value> = c
+        .ipclaims()
+        .into_iter()
+        .filter(|k| k["spec"]["network"] == "migr")
+        .collect();
+    for p in old {
+        let ip = before[p].iter().next().expect("an address").to_string();
+        let claim = claims
+            .iter()
+            .find(|k| k["spec"]["ip"] == ip.as_str())
+            .unwrap_or_else(|| panic!("{p}: no claim of {ip}: {claims:?}"));
+        assert_eq!(claim["spec"]["holder"]["podName"], p, "{claim}");
+        assert_eq!(claim["spec"]["holder"]["node"], node.as_str(), "{claim}");
+    }
+    let again = import();
+    assert!(
+        again.contains("imported 0 host-local allocations")
+            && again.contains("2 were imported before"),
+        "{again}"
+    );
+
+    // The switch: the NAD now names us, on the kubernetes store.
+    c.apply(&migration_nad(&ns, "sticky-macvlan", "sticky-ipam"));
+    c.apply(&pinned_pod(&ns, "new-0", &node, "migr"));
+    c.wait_running(&ns, "new-0", &[], 2 * MINUTE);
+    let new = c.pod_addrs(&ns, "new-0", "net1");
+    assert!(
+        before.values().all(|a| a.is_disjoint(&new)),
+        "new-0 got {new:?}, an imported address: {before:?}"
+    );
+    for p in old {
+        assert_eq!(
+            c.pod_addrs(&ns, p, "net1"),
+            before[p],
+            "{p} kept its address"
+        );
+    }
+
+    let _reconcile = ReconcileDeployment::every(&c, 3);
+    c.kubectl(&["-n", &ns, "delete", "pod", "old-0", "--wait=true"]);
+    let gone_ip = before["old-0"].iter().next().expect("address").to_string();
+    let kept_ip = before["old-1"].iter().next().expect("address").to_string();
+    c.wait(
+        "old-0's imported claim freed by reconcile",
+        2 * MINUTE,
+        || {
+            let ips: BTreeSet<String> = c
+                .ipclaims()
+                .into_iter()
+                .filter(|k| k["spec"]["network"] == "migr")
+                .filter_map(|k| k["spec"]["ip"].as_str().map(str::to_string))
+                .collect();
+            if !ips.contains(&gone_ip) && ips.contains(&kept_ip) {
+                Ok(())
+            } else {
+                Err(format!("claims of migr: {ips:?}"))
+            }
+        },
+    );
+    eprintln!(
+        "import: {node} moved from host-local with 2 pods running; new-0 got {new:?}; old-0 deleted and its imported claim freed by reconcile, old-1 kept {kept_ip}"
+    );
 }

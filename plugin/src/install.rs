@@ -212,7 +212,7 @@ fn write_token(o: &Opts, server: &str, quiet: bool) -> Result<Credential, String
             if fs::read(&path).ok().as_deref() != Some(&fresh[..]) {
                 put(&path, &fresh, 0o600)?;
                 eprintln!(
-                    "sticky-macvlan install: no node-bound token ({why}); copied this pod's token instead, which stops working when this pod is deleted: during a DaemonSet rollout this node cannot allocate until the new pod has run. Grant `create serviceaccounts/token` (examples/rbac.yaml, Role sticky-macvlan-installer) to fix"
+                    "sticky-macvlan install: no node-bound token ({why}); copied this pod's token instead, which stops working when this pod is deleted: during a DaemonSet rollout this node cannot allocate until the new pod has run; grant `create serviceaccounts/token` (examples/rbac.yaml, Role sticky-macvlan-installer) to fix"
                 );
             }
             Ok(Credential::PodToken)

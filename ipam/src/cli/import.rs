@@ -1,5 +1,9 @@
 //! `import-host-local`: adopting a node's host-local allocations, with
-//! the container runtime's word on each sandbox.
+//! the container runtime's word on each sandbox, into either store. On
+//! the kubernetes store a cluster switches node by node with its pods
+//! running: Multus sends an old pod's DEL to the delegates it cached at
+//! the pod's ADD (host-local), never to us, so the imported claims name
+//! the pod and are freed by liveness once it is gone.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -8,10 +12,10 @@ use std::time::Duration;
 use cni::{CniError, CniResult};
 
 use super::Opts;
+use crate::backend::{Backend, Store};
 use crate::claim::{now_secs, Claim, Holder};
 use crate::cri::SandboxRuntime;
 use crate::identity::dynamic_key;
-use crate::store::file::FileStore;
 use crate::store::{Change, ClaimStore, Plan};
 use crate::system::node_facts;
 
@@ -33,6 +37,12 @@ pub(super) fn import_host_local(opts: &Opts) -> CniResult<()> {
     check_host_local_dir(&from, &network)?;
     let entries = std::fs::read_dir(&from)
         .map_err(|e| CniError::io(format!("cannot read {}: {e}", from.display())))?;
+    let backend = opts.backend()?;
+    if backend.is_kube() && opts.node.is_none() {
+        return Err(CniError::invalid_config(
+            "import-host-local into the kubernetes store needs --node NAME: the Kubernetes node whose host-local files these are (run it on that node)",
+        ));
+    }
     let node = node_facts(opts.node.as_deref());
     let runtime = opts
         .cri_socket()
@@ -41,14 +51,11 @@ pub(super) fn import_host_local(opts: &Opts) -> CniResult<()> {
     let mut not_in_runtime = Vec::new();
     let mut runtime_error = None;
     let now = now_secs();
-    if opts.values.contains_key("--kubeconfig") || opts.flag("--in-cluster") {
-        return Err(CniError::invalid_config(
-            "import-host-local adopts into the file store (--dir); import into a node's file store first, or let the kubernetes store allocate afresh",
-        ));
-    }
-    let mut store = FileStore::open(&opts.dir, &network)?;
+    let mut store = backend.open(&network, vec![])?;
     let mut plan = Plan::default();
     let mut skipped = Vec::new();
+    let mut conflicts = Vec::new();
+    let mut already = 0usize;
     for entry in entries.filter_map(Result::ok) {
         let name = entry.file_name().to_string_lossy().to_string();
         if let Some(set) = name.strip_prefix("last_reserved_ip.") {
@@ -69,10 +76,18 @@ pub(super) fn import_host_local(opts: &Opts) -> CniResult<()> {
             skipped.push(format!("{ip}: unreadable host-local record"));
             continue;
         };
+        // Rerunning is safe: what an earlier run adopted is left as is.
         if let Some(existing) = store.claim(ip)? {
-            if !existing.held_by(&container_id, &ifname) {
-                skipped.push(format!(
-                    "{ip}: already claimed by identity {:?}",
+            if existing.held_by(&container_id, &ifname) {
+                already += 1;
+            } else {
+                let holder = existing
+                    .holder
+                    .as_ref()
+                    .map(Holder::describe)
+                    .unwrap_or_else(|| "no holder (reserved)".into());
+                conflicts.push(format!(
+                    "{ip}: host-local gave it to container {container_id}/{ifname}, but it is claimed by identity {:?}, held by {holder}",
                     existing.identity
                 ));
             }
@@ -117,7 +132,8 @@ pub(super) fn import_host_local(opts: &Opts) -> CniResult<()> {
                     since: now,
                 }),
                 owner: None,
-                namespace: None,
+                // As the plugin's own dynamic claims have it: the pod's.
+                namespace: known(|s| &s.namespace),
                 created: now,
                 updated: now,
             }),
@@ -126,9 +142,15 @@ pub(super) fn import_host_local(opts: &Opts) -> CniResult<()> {
     plan.changes.sort_by_key(|c| c.ip());
     store.set_durable(false);
     store.commit(&plan)?;
-    store.sync()?;
+    if let Store::File(s) = &mut store {
+        s.sync()?;
+    }
+    let into = match &backend {
+        Backend::File { .. } => "the file store".to_string(),
+        Backend::Kube { .. } => format!("the kubernetes store, node {}", node.node),
+    };
     println!(
-        "imported {} host-local allocations from {} into network {network}",
+        "imported {} host-local allocations from {} into network {network} ({into}); {already} were imported before",
         plan.changes.len(),
         from.display()
     );
@@ -155,6 +177,18 @@ pub(super) fn import_host_local(opts: &Opts) -> CniResult<()> {
     }
     for s in &skipped {
         println!("skipped {s}");
+    }
+    if !conflicts.is_empty() {
+        for c in &conflicts {
+            eprintln!("conflict: {c}");
+        }
+        return Err(CniError::new(
+            cni::code::INVALID_CONFIG,
+            format!(
+                "{} host-local allocations of network {network} conflict with claims of other holders (listed above) and the rest were imported: keep these pods on host-local until they are gone, or release the other claim if its holder is (`release --ip`), then rerun",
+                conflicts.len()
+            ),
+        ));
     }
     Ok(())
 }

@@ -246,10 +246,14 @@ reconcile [store options] [--network NET] [--interval SECONDS] [--keep-retired] 
         }
         "import-host-local" => {
             "\
-import-host-local --network NET --from /var/lib/cni/networks/NET [--dir DIR]
-  Adopts host-local's allocations of one network (the directory that holds
-  one file per address, `lock` and `last_reserved_ip.N`) as dynamic claims
-  held by their containers, and its cursors."
+import-host-local --network NET --from /var/lib/cni/networks/NET [store options]
+  Adopts host-local's allocations of one network on this node (the
+  directory that holds one file per address, `lock` and
+  `last_reserved_ip.N`) as dynamic claims held by their containers, naming
+  their pods (from the container runtime), into the file store (--dir) or
+  the kubernetes store (--kubeconfig or --in-cluster, with --node). Safe
+  to rerun; an address claimed by another holder is a conflict, listed,
+  and the exit code is non-zero."
         }
         _ => return None,
     })
