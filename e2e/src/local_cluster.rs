@@ -79,6 +79,11 @@ impl LocalCluster {
         c
     }
 
+    /// The admin kubeconfig (the CLI's `--kubeconfig` on the host).
+    pub fn admin_kubeconfig(&self) -> &std::path::Path {
+        &self.kubeconfig
+    }
+
     /// kubectl ARGS: its stdout, or its stderr as the error.
     pub fn try_kubectl(&self, args: &[&str]) -> Result<String, String> {
         let out = self

@@ -2308,22 +2308,42 @@ fn the_plugins_token_outlives_the_installer_pod_through_a_daemonset_rollout() {
     );
 }
 
-/// A NAD named `migr` in NS with the same range on IPAM `ipam` (the
-/// reference host-local, or ours on the kubernetes store).
-fn migration_nad(ns: &str, plugin: &str, ipam: &str) -> String {
-    let store = if ipam == "sticky-ipam" {
-        r#", "store": {"type": "kubernetes"}"#
-    } else {
-        ""
+/// A NAD named `migr` in NS on /24 `subnet` (.10 to .60): the reference
+/// macvlan with host-local or Whereabouts, or ours on the kubernetes store.
+fn migration_nad(ns: &str, plugin: &str, ipam: &str, subnet: &str) -> String {
+    let prefix = subnet.trim_end_matches(".0/24");
+    let ipam = match ipam {
+        "whereabouts" => format!(
+            r#""type": "whereabouts", "range": "{subnet}", "range_start": "{prefix}.10", "range_end": "{prefix}.60""#
+        ),
+        other => {
+            let store = if other == "sticky-ipam" {
+                r#", "store": {"type": "kubernetes"}"#
+            } else {
+                ""
+            };
+            format!(
+                r#""type": "{other}", "ranges": [[{{"subnet": "{subnet}", "rangeStart": "{prefix}.10", "rangeEnd": "{prefix}.60"}}]]{store}"#
+            )
+        }
     };
     format!(
         r#"apiVersion: k8s.cni.cncf.io/v1
 kind: NetworkAttachmentDefinition
 metadata: {{name: migr, namespace: {ns}}}
 spec:
-  config: '{{"cniVersion": "1.0.0", "name": "migr", "type": "{plugin}", "master": "eth1", "mode": "bridge", "ipam": {{"type": "{ipam}", "ranges": [[{{"subnet": "172.31.77.0/24", "rangeStart": "172.31.77.10", "rangeEnd": "172.31.77.60"}}]]{store}}}}}'
+  config: '{{"cniVersion": "1.0.0", "name": "migr", "type": "{plugin}", "master": "eth1", "mode": "bridge", "ipam": {{{ipam}}}}}'
 "#
     )
+}
+
+/// The IPs of network `migr`'s IPClaims.
+fn migr_claim_ips(c: &LocalCluster) -> BTreeSet<String> {
+    c.ipclaims()
+        .into_iter()
+        .filter(|k| k["spec"]["network"] == "migr")
+        .filter_map(|k| k["spec"]["ip"].as_str().map(str::to_string))
+        .collect()
 }
 
 /// A node on the reference macvlan + host-local switches to us with its
@@ -2346,7 +2366,12 @@ fn import_host_local_moves_a_running_node_into_the_kubernetes_store() {
         ns: ns.clone(),
     };
     let node = c.nodes()[1].clone();
-    c.apply(&migration_nad(&ns, "macvlan", "host-local"));
+    c.apply(&migration_nad(
+        &ns,
+        "macvlan",
+        "host-local",
+        "172.31.77.0/24",
+    ));
     let old = ["old-0", "old-1"];
     for p in old {
         c.apply(&pinned_pod(&ns, p, &node, "migr"));
@@ -2406,7 +2431,12 @@ fn import_host_local_moves_a_running_node_into_the_kubernetes_store() {
     );
 
     // The switch: the NAD now names us, on the kubernetes store.
-    c.apply(&migration_nad(&ns, "sticky-macvlan", "sticky-ipam"));
+    c.apply(&migration_nad(
+        &ns,
+        "sticky-macvlan",
+        "sticky-ipam",
+        "172.31.77.0/24",
+    ));
     c.apply(&pinned_pod(&ns, "new-0", &node, "migr"));
     c.wait_running(&ns, "new-0", &[], 2 * MINUTE);
     let new = c.pod_addrs(&ns, "new-0", "net1");
@@ -2430,12 +2460,7 @@ fn import_host_local_moves_a_running_node_into_the_kubernetes_store() {
         "old-0's imported claim freed by reconcile",
         2 * MINUTE,
         || {
-            let ips: BTreeSet<String> = c
-                .ipclaims()
-                .into_iter()
-                .filter(|k| k["spec"]["network"] == "migr")
-                .filter_map(|k| k["spec"]["ip"].as_str().map(str::to_string))
-                .collect();
+            let ips = migr_claim_ips(&c);
             if !ips.contains(&gone_ip) && ips.contains(&kept_ip) {
                 Ok(())
             } else {
@@ -2445,5 +2470,101 @@ fn import_host_local_moves_a_running_node_into_the_kubernetes_store() {
     );
     eprintln!(
         "import: {node} moved from host-local with 2 pods running; new-0 got {new:?}; old-0 deleted and its imported claim freed by reconcile, old-1 kept {kept_ip}"
+    );
+}
+
+/// The same switch from Whereabouts v0.9, cluster-wide: its IPPool's
+/// allocations become claims naming the pods and their nodes; a pod
+/// started after the NAD names us gets another address; an old pod
+/// deleted (its DEL goes to Whereabouts) has its claim freed by the
+/// reconcile Deployment.
+#[test]
+fn import_whereabouts_moves_a_range_into_the_kubernetes_store() {
+    let Some(c) = cluster("import_whereabouts_moves_a_range_into_the_kubernetes_store") else {
+        return;
+    };
+    let ns = c.namespace("wbmigr");
+    let ns = ns.name.clone();
+    let _claims = ClaimsOf {
+        c: &c,
+        ns: ns.clone(),
+    };
+    let subnet = "172.31.78.0/24";
+    c.apply(&migration_nad(&ns, "macvlan", "whereabouts", subnet));
+    let nodes = c.nodes();
+    let old = [("old-0", &nodes[0]), ("old-1", &nodes[2])];
+    for (p, node) in old {
+        c.apply(&pinned_pod(&ns, p, node, "migr"));
+    }
+    let mut before = BTreeMap::new();
+    for (p, _) in old {
+        c.wait_running(&ns, p, &[], 2 * MINUTE);
+        before.insert(p, c.pod_addrs(&ns, p, "net1"));
+    }
+    let import = || {
+        let out = std::process::Command::new(sticky_e2e::our_plugin())
+            .args(["import-whereabouts", "--network", "migr", "--range", subnet])
+            .arg("--kubeconfig")
+            .arg(c.admin_kubeconfig())
+            .env_remove("CNI_COMMAND")
+            .output()
+            .expect("run import-whereabouts");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "import-whereabouts: {said}");
+        said
+    };
+    let said = import();
+    assert!(
+        said.contains("imported 2 Whereabouts allocations"),
+        "{said}"
+    );
+    let claims: Vec<serde_json::Value> = c
+        .ipclaims()
+        .into_iter()
+        .filter(|k| k["spec"]["network"] == "migr")
+        .collect();
+    for (p, node) in old {
+        let ip = before[p].iter().next().expect("an address").to_string();
+        let claim = claims
+            .iter()
+            .find(|k| k["spec"]["ip"] == ip.as_str())
+            .unwrap_or_else(|| panic!("{p}: no claim of {ip}: {claims:?}"));
+        assert_eq!(claim["spec"]["holder"]["podName"], p, "{claim}");
+        assert_eq!(claim["spec"]["holder"]["node"], node.as_str(), "{claim}");
+    }
+    let again = import();
+    assert!(again.contains("2 were imported before"), "{again}");
+
+    c.apply(&migration_nad(&ns, "sticky-macvlan", "sticky-ipam", subnet));
+    c.apply(&pinned_pod(&ns, "new-0", &nodes[1], "migr"));
+    c.wait_running(&ns, "new-0", &[], 2 * MINUTE);
+    let new = c.pod_addrs(&ns, "new-0", "net1");
+    assert!(
+        before.values().all(|a| a.is_disjoint(&new)),
+        "new-0 got {new:?}, an imported address: {before:?}"
+    );
+
+    let _reconcile = ReconcileDeployment::every(&c, 3);
+    c.kubectl(&["-n", &ns, "delete", "pod", "old-0", "--wait=true"]);
+    let gone_ip = before["old-0"].iter().next().expect("address").to_string();
+    let kept_ip = before["old-1"].iter().next().expect("address").to_string();
+    c.wait(
+        "old-0's imported claim freed by reconcile",
+        2 * MINUTE,
+        || {
+            let ips = migr_claim_ips(&c);
+            if !ips.contains(&gone_ip) && ips.contains(&kept_ip) {
+                Ok(())
+            } else {
+                Err(format!("claims of migr: {ips:?}"))
+            }
+        },
+    );
+    eprintln!(
+        "import: Whereabouts range {subnet} adopted with 2 pods running; new-0 got {new:?}; old-0 deleted and its claim freed by reconcile, old-1 kept {kept_ip}"
     );
 }

@@ -40,6 +40,8 @@ Claim commands (the file store under --dir, or the kubernetes store with
                       deleted StatefulSets (unless --keep-retired)
   import-host-local   adopt a host-local directory (--from DIR/NETWORK) into
                       --network, so a live node switches without IP conflicts
+  import-whereabouts  adopt a Whereabouts range's allocations (--range CIDR)
+                      into --network on the kubernetes store
 
 Options (`COMMAND --help` for one command's):
 ";
@@ -74,7 +76,7 @@ struct Opts {
     flags: Vec<String>,
 }
 
-const VALUE_OPTS: [&str; 15] = [
+const VALUE_OPTS: [&str; 16] = [
     "--metrics-addr",
     "--context",
     "--namespace",
@@ -88,6 +90,7 @@ const VALUE_OPTS: [&str; 15] = [
     "--ip",
     "--identity",
     "--from",
+    "--range",
     "--interval",
     "--file",
 ];
@@ -255,6 +258,16 @@ import-host-local --network NET --from /var/lib/cni/networks/NET [store options]
   to rerun; an address claimed by another holder is a conflict, listed,
   and the exit code is non-zero."
         }
+        "import-whereabouts" => {
+            "\
+import-whereabouts --network NET --range CIDR (--kubeconfig PATH | --in-cluster)
+  Adopts the allocations of the Whereabouts IPPool of range CIDR (v0.9's
+  whereabouts.cni.cncf.io/v1alpha1, any namespace) whose pods still exist
+  as dynamic claims naming those pods and their nodes, into the kubernetes
+  store. Multus keeps sending those pods' DELs to Whereabouts, so their
+  claims are freed by liveness once they are gone. Safe to rerun;
+  conflicts as import-host-local. Needs list on ippools and get on pods."
+        }
         _ => return None,
     })
 }
@@ -277,6 +290,7 @@ pub fn run(program: &str, command: &str, args: &[String]) -> Option<ExitCode> {
         "claims" => claims(&opts),
         "release" => release(&opts),
         "reconcile" => reconcile(&opts),
+        "import-whereabouts" => import::import_whereabouts(&opts),
         _ => import::import_host_local(&opts),
     };
     Some(match result {

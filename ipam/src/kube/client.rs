@@ -202,6 +202,29 @@ impl KubeClient {
         Ok((token, expiry))
     }
 
+    /// Every Whereabouts IPPool (v0.9, `whereabouts.cni.cncf.io/v1alpha1`)
+    /// as JSON, for `import-whereabouts`; none when its CRD is absent.
+    pub fn list_whereabouts_pools(&self) -> ApiResult<Vec<serde_json::Value>> {
+        use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("whereabouts.cni.cncf.io", "v1alpha1", "IPPool"),
+            "ippools",
+        );
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
+        let what = "list whereabouts ippools";
+        match self.bounded(what, api.list(&ListParams::default()))? {
+            Ok(list) => list
+                .items
+                .into_iter()
+                .map(|o| {
+                    serde_json::to_value(o).map_err(|e| ApiError::Refused(format!("{what}: {e}")))
+                })
+                .collect(),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
+            Err(e) => Err(classify(what, &self.server, e)),
+        }
+    }
+
     fn with_config(
         runtime: Runtime,
         mut config: Config,
