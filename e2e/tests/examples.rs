@@ -138,7 +138,7 @@ fn rbac_is_least_privilege() {
     assert_eq!(
         rules("sticky-macvlan"),
         vec![
-            ("".into(), "events".into(), s(&["create"])),
+            ("".into(), "events".into(), s(&["create", "get", "patch"])),
             ("".into(), "nodes".into(), s(&["get"])),
             ("".into(), "pods".into(), s(&["get"])),
             ("apps".into(), "statefulsets".into(), s(&["get"])),

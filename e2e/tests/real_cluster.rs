@@ -626,6 +626,34 @@ fn a_takeover_is_refused_while_the_old_holder_answers_on_the_fabric() {
         ours.contains("Warning") && ours.contains("sticky-macvlan"),
         "our Event is a Warning from sticky-macvlan: {ours}"
     );
+    // kubelet retries the sandbox and meets the same refusal: one Event
+    // whose count grows, not one more per retry.
+    let counts = c.wait("our refusal Event counted again", 2 * MINUTE, || {
+        let listed = c.json(&[
+            "-n",
+            &ns,
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=db-0,reason=StickyAddressAnswered",
+        ]);
+        let counts: Vec<u64> = listed["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| e["count"].as_u64().unwrap_or(0))
+            .collect();
+        if counts.iter().any(|n| *n >= 2) {
+            Ok(counts)
+        } else {
+            Err(format!("counts {counts:?}"))
+        }
+    });
+    assert_eq!(
+        counts.len(),
+        1,
+        "one Event for the repeated refusal: {counts:?}"
+    );
     for a in &held {
         if a.is_ipv4() {
             assert!(

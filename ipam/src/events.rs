@@ -41,6 +41,35 @@ pub struct SeenEvent {
     pub uid: String,
     pub network: String,
     pub reason: String,
+    /// How many times it happened (`count`: a repeat bumps it).
+    pub count: u64,
+}
+
+/// The Event's object name: the same for the same pod, network, reason
+/// and message, so a refusal that every kubelet retry meets again is one
+/// Event whose count grows ("x5 over 2m" in `kubectl describe`), as
+/// kubelet's own Events are, not one more object per retry.
+pub fn event_name(e: &PodEvent) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in [
+        e.pod_uid.as_deref().unwrap_or_default(),
+        &e.network,
+        e.reason,
+        &e.message,
+    ] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    let hex: String = h
+        .finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    // A name is at most 253 characters; a pod name may be as long.
+    let pod: String = e.pod.chars().take(253 - 1 - hex.len()).collect();
+    format!("{pod}.{hex}")
 }
 
 /// What the pod of `caller` is told of an address it was granted.
@@ -144,6 +173,44 @@ mod tests {
             boot_id: "b".into(),
             since: 1,
         }
+    }
+
+    #[test]
+    fn a_repeated_event_keeps_its_name_and_a_different_one_does_not() {
+        let held = CniError::new(code::TRY_AGAIN_LATER, "172.31.59.2 is held by pod db/db-0")
+            .refused_as(Refusal::HolderAlive);
+        let e = for_refusal(&caller(Some("db")), "fabric", &held).unwrap();
+        let name = event_name(&e);
+        assert!(
+            name.starts_with("db-0.") && name.len() == "db-0.".len() + 16,
+            "{name}"
+        );
+        assert_eq!(event_name(&e.clone()), name);
+        for other in [
+            PodEvent {
+                message: "another".into(),
+                ..e.clone()
+            },
+            PodEvent {
+                network: "other".into(),
+                ..e.clone()
+            },
+            PodEvent {
+                reason: "StickyPoolExhausted",
+                ..e.clone()
+            },
+            PodEvent {
+                pod_uid: Some("uid-9".into()),
+                ..e.clone()
+            },
+        ] {
+            assert_ne!(event_name(&other), name, "{other:?}");
+        }
+        let long = PodEvent {
+            pod: "p".repeat(253),
+            ..e
+        };
+        assert_eq!(event_name(&long).len(), 253);
     }
 
     #[test]

@@ -5,13 +5,14 @@
 //! addresses held, reserved and dead, and the NetworkAttachmentDefinitions
 //! the size of the ranges; the Events the plugins post (`events.rs`, one
 //! per refusal, takeover and reclaim, labelled with the network) give the
-//! counters, each Event counted once by its UID. Counters start at the
+//! counters, by how much each Event's count grew (a repeated refusal is
+//! one Event whose count rises), keyed by its UID. Counters start at the
 //! Events the API still holds when the process starts (kube-apiserver keeps
 //! them an hour by default) and only grow after that, as Prometheus
 //! counters do across a restart of their process. Rendering is pure and
 //! tested here; `serve` is the HTTP side.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write as _};
 use std::net::TcpListener;
@@ -69,7 +70,8 @@ pub struct Metrics {
     pub networks: BTreeMap<String, NetworkGauges>,
     /// (network, reason) -> Events counted.
     events: BTreeMap<(String, String), u64>,
-    seen: BTreeSet<String>,
+    /// Event UID -> the count already added.
+    seen: BTreeMap<String, u64>,
     /// network -> holders reconcile released.
     released: BTreeMap<String, u64>,
     sweeps: u64,
@@ -95,14 +97,17 @@ fn escape(v: &str) -> String {
 }
 
 impl Metrics {
-    /// Counts each Event once, whenever it is first seen.
+    /// Adds what each Event's count grew by since it was last seen (a
+    /// repeated refusal bumps one Event's count).
     pub fn observe_events(&mut self, events: &[SeenEvent]) {
         for e in events {
-            if self.seen.insert(e.uid.clone()) {
+            let count = e.count.max(1);
+            let before = self.seen.insert(e.uid.clone(), count).unwrap_or(0);
+            if count > before {
                 *self
                     .events
                     .entry((e.network.clone(), e.reason.clone()))
-                    .or_default() += 1;
+                    .or_default() += count - before;
             }
         }
     }
@@ -290,7 +295,29 @@ mod tests {
             uid: uid.into(),
             network: network.into(),
             reason: reason.into(),
+            count: 1,
         }
+    }
+
+    #[test]
+    fn a_repeated_events_count_adds_only_what_it_grew_by() {
+        let mut m = Metrics::default();
+        let seen = |count| SeenEvent {
+            count,
+            ..event("u1", "fabric", "StickyAddressHeld")
+        };
+        let total = |m: &Metrics| m.events.values().sum::<u64>();
+        m.observe_events(&[seen(1)]);
+        m.observe_events(&[seen(1)]);
+        assert_eq!(total(&m), 1);
+        m.observe_events(&[seen(4)]);
+        assert_eq!(total(&m), 4);
+        // First seen with a count already (reconcile started late).
+        m.observe_events(&[SeenEvent {
+            count: 3,
+            ..event("u2", "fabric", "StickyAddressHeld")
+        }]);
+        assert_eq!(total(&m), 7);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio::runtime::Runtime;
@@ -311,6 +311,7 @@ impl KubeClient {
                 uid: e.metadata.uid.clone().unwrap_or_default(),
                 network,
                 reason: e.reason.clone().unwrap_or_default(),
+                count: e.count.and_then(|c| u64::try_from(c).ok()).unwrap_or(1),
             });
             Ok(())
         })?;
@@ -633,10 +634,12 @@ impl KubeApi for KubeClient {
 
     fn post_event(&self, event: &PodEvent) -> ApiResult<()> {
         let api: Api<Event> = Api::namespaced(self.client.clone(), &event.namespace);
+        let started = std::time::Instant::now();
         let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let name = crate::events::event_name(event);
         let object = Event {
             metadata: ObjectMeta {
-                generate_name: Some(format!("{}.", event.pod)),
+                name: Some(name.clone()),
                 namespace: Some(event.namespace.clone()),
                 // What reconcile's metrics select and count them by.
                 labels: Some(
@@ -669,15 +672,40 @@ impl KubeApi for KubeClient {
             reporting_component: Some(EVENT_COMPONENT.into()),
             reporting_instance: Some(event.node.clone()),
             first_timestamp: Some(now.clone()),
-            last_timestamp: Some(now),
+            last_timestamp: Some(now.clone()),
             count: Some(1),
             ..Event::default()
         };
-        let what = format!("create event on pod {}/{}", event.namespace, event.pod);
+        // One deadline for the whole post, however many requests it takes.
+        let left = || EVENT_DEADLINE.saturating_sub(started.elapsed());
+        let what = format!(
+            "create event {name} on pod {}/{}",
+            event.namespace, event.pod
+        );
+        match self.bounded_by(left(), &what, api.create(&PostParams::default(), &object))? {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(classify(&what, &self.server, e)),
+        }
+        // Told before: count it, as kubelet's event recorder does.
+        let what = format!(
+            "count event {name} on pod {}/{}",
+            event.namespace, event.pod
+        );
+        let seen = self
+            .bounded_by(left(), &what, api.get(&name))?
+            .map_err(|e| classify(&what, &self.server, e))?;
+        let bump = serde_json::json!({
+            // A concurrent bump makes this one a 409: the count stays a
+            // lower bound, which best effort allows.
+            "metadata": {"resourceVersion": seen.metadata.resource_version},
+            "count": seen.count.unwrap_or(1).saturating_add(1),
+            "lastTimestamp": now,
+        });
         self.bounded_by(
-            EVENT_DEADLINE,
+            left(),
             &what,
-            api.create(&PostParams::default(), &object),
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&bump)),
         )?
         .map(drop)
         .map_err(|e| classify(&what, &self.server, e))

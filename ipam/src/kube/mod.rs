@@ -173,6 +173,8 @@ pub const PLUGIN_ACCESS: &[Permission] = &[
     grant("", "pods", "get"),
     grant("", "nodes", "get"),
     grant("", "events", "create"),
+    grant("", "events", "get"),
+    grant("", "events", "patch"),
     grant("apps", "statefulsets", "get"),
 ];
 
