@@ -84,6 +84,12 @@ impl LocalCluster {
         &self.kubeconfig
     }
 
+    /// The kubectl the harness runs (built from the pins), for a test that
+    /// runs it with another kubeconfig.
+    pub fn kubectl_binary(&self) -> &std::path::Path {
+        &self.kubectl
+    }
+
     /// kubectl ARGS: its stdout, or its stderr as the error.
     pub fn try_kubectl(&self, args: &[&str]) -> Result<String, String> {
         let out = self
@@ -417,6 +423,7 @@ impl LocalCluster {
     pub fn install(&self) {
         self.apply_example("ipclaim-crd.yaml");
         self.apply_example("rbac.yaml");
+        self.apply_example("node-scope-policy.yaml");
         self.apply_example("daemonset.yaml");
         let nodes = self.nodes().len();
         self.wait(

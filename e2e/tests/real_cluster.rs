@@ -2597,3 +2597,162 @@ fn import_whereabouts_moves_a_range_into_the_kubernetes_store() {
         "import: Whereabouts range {subnet} adopted with 2 pods running; new-0 got {new:?}; old-0 deleted and its claim freed by reconcile, old-1 kept {kept_ip}"
     );
 }
+
+/// A kubeconfig for the admin's server and CA with the token the installer
+/// left on NODE for its plugin, in DIR.
+fn node_plugin_kubeconfig(
+    c: &LocalCluster,
+    node: &str,
+    dir: &std::path::Path,
+) -> std::path::PathBuf {
+    let admin = c.json(&["config", "view", "--raw", "--minify"]);
+    let cluster = &admin["clusters"][0]["cluster"];
+    let token = std::fs::read_to_string(
+        c.node_disk(node)
+            .join("etc-cni-net.d/sticky-macvlan.d/token"),
+    )
+    .expect("the plugin's token");
+    let ca = match cluster["certificate-authority-data"].as_str() {
+        Some(data) => format!("certificate-authority-data: {data}"),
+        None => format!(
+            "certificate-authority: {}",
+            cluster["certificate-authority"].as_str().expect("a CA")
+        ),
+    };
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    {ca}\nusers:\n- name: u\n  user:\n    token: {}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
+        cluster["server"].as_str().expect("a server"),
+        token.trim()
+    );
+    let path = dir.join(format!("{node}.kubeconfig"));
+    std::fs::write(&path, text).expect("write the kubeconfig");
+    path
+}
+
+/// examples/node-scope-policy.yaml on the real API server: node1's plugin
+/// token may not release, redirect or delete a claim node2 holds, nor
+/// create one naming node2; it may change its own. (Server-side dry runs:
+/// admission runs, nothing is stored.)
+#[test]
+fn one_nodes_token_is_refused_when_it_rewrites_another_nodes_live_claim() {
+    let Some(c) = cluster("one_nodes_token_is_refused_when_it_rewrites_another_nodes_live_claim")
+    else {
+        return;
+    };
+    let ns = c.namespace("scope");
+    let ns = ns.name.clone();
+    let _claims = ClaimsOf {
+        c: &c,
+        ns: ns.clone(),
+    };
+    c.apply(&fabric_db_nad(&c, &ns));
+    let nodes = c.nodes();
+    let (me, other) = (nodes[0].clone(), nodes[1].clone());
+    c.apply(&pinned_pod(&ns, "theirs", &other, "fabric-db"));
+    c.apply(&pinned_pod(&ns, "mine", &me, "fabric-db"));
+    c.wait_running(&ns, "theirs", &[], 2 * MINUTE);
+    c.wait_running(&ns, "mine", &[], 2 * MINUTE);
+    let claim_of = |pod: &str| -> serde_json::Value {
+        c.ipclaims()
+            .into_iter()
+            .find(|k| {
+                k["status"]["holder"]["podName"] == pod
+                    && k["status"]["holder"]["podNamespace"] == ns.as_str()
+            })
+            .unwrap_or_else(|| panic!("no claim held by {pod}"))
+    };
+    let dir = std::env::temp_dir().join(format!("sticky-scope-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let kubeconfig = node_plugin_kubeconfig(&c, &me, &dir);
+    let as_me = |args: &[&str], stdin: Option<&serde_json::Value>| -> (bool, String) {
+        use std::io::Write;
+        let mut cmd = std::process::Command::new(c.kubectl_binary());
+        cmd.arg("--kubeconfig").arg(&kubeconfig).args(args);
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("run kubectl");
+        if let Some(v) = stdin {
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(v.to_string().as_bytes())
+                .expect("write stdin");
+        }
+        drop(child.stdin.take());
+        let out = child.wait_with_output().expect("kubectl");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let theirs = claim_of("theirs");
+    let name = theirs["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    let refused = |what: &str, (ok, said): (bool, String), says: &str| {
+        assert!(!ok, "{what} was allowed: {said}");
+        assert!(
+            said.contains("sticky-macvlan-node-scope") && said.contains(says),
+            "{what}: {said}"
+        );
+    };
+    // Release it (no holder), redirect it to a third node, delete it.
+    let mut released = theirs.clone();
+    released["status"]
+        .as_object_mut()
+        .expect("status")
+        .remove("holder");
+    refused(
+        "releasing node2's claim",
+        as_me(&["replace", "--dry-run=server", "-f", "-"], Some(&released)),
+        "may not release, redirect or delete",
+    );
+    let mut redirected = theirs.clone();
+    redirected["status"]["holder"]["node"] = serde_json::json!(nodes[2]);
+    refused(
+        "redirecting node2's claim",
+        as_me(
+            &["replace", "--dry-run=server", "-f", "-"],
+            Some(&redirected),
+        ),
+        "may not",
+    );
+    refused(
+        "deleting node2's claim",
+        as_me(&["delete", "--dry-run=server", "ipclaim", &name], None),
+        "may not release, redirect or delete",
+    );
+    let mut forged = theirs.clone();
+    let meta = forged["metadata"].as_object_mut().expect("metadata");
+    for k in [
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "generation",
+        "managedFields",
+    ] {
+        meta.remove(k);
+    }
+    meta.insert("name".into(), serde_json::json!(format!("{name}-forged")));
+    refused(
+        "creating a claim held on node2",
+        as_me(&["create", "--dry-run=server", "-f", "-"], Some(&forged)),
+        "a node names only itself",
+    );
+    // Its own claim: allowed (the policy is not a blanket refusal).
+    let mut own = claim_of("mine");
+    own["metadata"]["labels"]["scope-test"] = serde_json::json!("1");
+    let (ok, said) = as_me(&["replace", "--dry-run=server", "-f", "-"], Some(&own));
+    assert!(ok, "node1 changing its own claim: {said}");
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!(
+        "node scope: {me}'s plugin token refused releasing, redirecting, deleting and forging {other}'s claim; allowed on its own"
+    );
+}

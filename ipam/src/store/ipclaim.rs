@@ -357,6 +357,25 @@ impl<'a> KubeStore<'a> {
                 Ok(())
             }
             (Some(before), after) => {
+                // A claim another node holds is this node's to delete only
+                // once it has taken it over (the node-scope admission
+                // policy, examples/node-scope-policy.yaml): a reclaim from
+                // a dead holder elsewhere is an update, then the delete.
+                let adopter = after.as_ref().and_then(|a| a.holder.as_ref());
+                if let (Some(theirs), Some(mine)) = (before.holder.as_ref(), adopter) {
+                    if theirs.node != mine.node && !self.orphans.contains_key(&before.ip) {
+                        let rv = self.version_of(before.ip)?;
+                        let taken = Claim {
+                            holder: Some(mine.clone()),
+                            ..before.clone()
+                        };
+                        let obj = self
+                            .api
+                            .replace_claim(&self.object(&taken, Some(rv)))
+                            .map_err(StoreError::from)?;
+                        self.remember(obj);
+                    }
+                }
                 self.remove(before)?;
                 match after {
                     Some(after) => self.create(after),
@@ -953,6 +972,49 @@ mod tests {
             assert_eq!(lock.identity, o.claim.identity);
             assert_eq!(o.lock_uid, lock.uid);
         }
+    }
+
+    #[test]
+    fn a_reclaim_of_another_nodes_dead_claim_takes_it_over_before_deleting_it() {
+        let api = FakeApi::default();
+        // The pool (10 addresses) filled by node n2's pods, which are then
+        // gone (their node crashed, their DELs never came).
+        for i in 0..10 {
+            let pod = format!("old-{i}");
+            running(&api, &pod, "n2");
+            let key = dynamic_key(&format!("c-{pod}"), "net1");
+            add(&api, None, &req(&key, false, &pod, "n2")).unwrap();
+        }
+        api.pods.borrow_mut().clear();
+        running(&api, "new", "n1");
+        let key = dynamic_key("c-new", "net1");
+        let (got, calls) = counted(&api, || add(&api, None, &req(&key, false, "new", "n1")));
+        let ip = got.unwrap()[0];
+        let writes: Vec<&str> = calls
+            .iter()
+            .map(String::as_str)
+            .filter(|c| !c.starts_with("get") && !c.starts_with("list"))
+            .collect();
+        // The old claim is n1's before its delete: a node deletes only
+        // claims it holds (the admission policy's rule).
+        let old = writes
+            .iter()
+            .find_map(|c| c.strip_prefix("delete macnet."))
+            .expect("the reclaimed claim is deleted");
+        let at = |w: &str| writes.iter().position(|c| *c == w);
+        assert!(
+            matches!(
+                (at(&format!("replace macnet.{old}")), at(&format!("delete macnet.{old}"))),
+                (Some(taken), Some(deleted)) if taken < deleted
+            ),
+            "{writes:?}"
+        );
+        let stored = api.claims.borrow();
+        let mine = stored.values().find(|o| o.claim.ip == ip).unwrap();
+        assert_eq!(mine.claim.identity, key);
+        assert_eq!(mine.claim.holder.as_ref().unwrap().node, "n1");
+        drop(stored);
+        locks_match(&api);
     }
 
     #[test]
