@@ -1699,8 +1699,8 @@ fn a_proxy_that_delays_resets_and_drops_api_traffic_loses_no_address() {
             .replace("sticky-macvlan.kubeconfig", "via-proxy.kubeconfig")
             .replace("\"timeoutMs\": 10000", "\"timeoutMs\": 3000")
             .replace(
-                "\"master\": \"eth1\",",
-                "\"master\": \"eth1\", \"logFile\": \"/var/log/sticky-macvlan-proxy.log\",",
+                "/var/log/sticky-macvlan.log",
+                "/var/log/sticky-macvlan-proxy.log",
             ),
     );
     c.apply(&statefulset(&ns, "db", 1, "fabric-db"));
