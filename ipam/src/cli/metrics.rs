@@ -50,12 +50,7 @@ pub fn ranges_of(configs: &[String]) -> BTreeMap<String, f64> {
             let Ok(conf) = crate::config::IpamConfig::parse(&name, &p["ipam"]) else {
                 continue;
             };
-            let size: f64 = conf
-                .range_sets
-                .iter()
-                .flat_map(|s| &s.ranges)
-                .map(|r| r.handable() as f64)
-                .sum();
+            let size = conf.allocatable_addresses() as f64;
             let e = out.entry(name.clone()).or_default();
             *e = e.max(size);
         }
@@ -144,7 +139,7 @@ impl Metrics {
         family(
             "sticky_macvlan_range_addresses",
             "gauge",
-            "Addresses the network's ranges can hand out (less network, broadcast and gateway; exclusions not subtracted), from its NetworkAttachmentDefinitions (the largest when several define it).",
+            "Addresses the network's ranges can hand out (less network, broadcast, gateway and excluded addresses), from its NetworkAttachmentDefinitions (the largest when several define it).",
             self.networks
                 .iter()
                 .filter_map(|(n, g)| Some((net(n), g.range?)))
@@ -397,6 +392,8 @@ mod tests {
             r#"{"cniVersion":"1.0.0","name":"fabric","type":"sticky-macvlan","master":"eth1","ipam":{"type":"sticky-ipam","subnet":"10.0.0.0/24","rangeStart":"10.0.0.10","rangeEnd":"10.0.0.19"}}"#,
             r#"{"cniVersion":"1.0.0","name":"listed","plugins":[{"type":"sticky-macvlan","master":"eth1","ipam":{"type":"sticky-ipam","ranges":[[{"subnet":"10.1.0.0/29"}],[{"subnet":"fd00::/126"}]]}}]}"#,
             r#"{"cniVersion":"1.0.0","name":"theirs","type":"macvlan","ipam":{"type":"whereabouts","range":"10.2.0.0/24"}}"#,
+            // Excluded addresses are not in the pool: 10 less the /30.
+            r#"{"cniVersion":"1.0.0","name":"cut","type":"sticky-macvlan","master":"eth1","ipam":{"type":"sticky-ipam","subnet":"10.3.0.0/24","rangeStart":"10.3.0.10","rangeEnd":"10.3.0.19","exclude":["10.3.0.12/30"]}}"#,
             "not json",
         ]
         .map(String::from);
@@ -405,7 +402,8 @@ mod tests {
         assert_eq!(r.get("fabric"), Some(&10.0));
         assert!(r.get("listed").is_some_and(|n| *n > 0.0));
         assert_eq!(r.get("theirs"), None);
-        assert_eq!(r.len(), 2);
+        assert_eq!(r.get("cut"), Some(&6.0));
+        assert_eq!(r.len(), 3);
     }
 
     #[test]

@@ -247,6 +247,16 @@ impl IpamConfig {
         })
     }
 
+    /// How many addresses the ranges can hand out: no network, broadcast
+    /// or gateway address, nothing in `exclude`.
+    pub fn allocatable_addresses(&self) -> u128 {
+        self.range_sets
+            .iter()
+            .flat_map(|s| &s.ranges)
+            .map(|r| allocatable(r, &self.exclude))
+            .sum()
+    }
+
     /// The identity an address is reserved for, if any.
     pub fn reserved_for(&self, ip: IpAddr) -> Option<&str> {
         self.reservations

@@ -46,20 +46,6 @@ impl Range {
         }
     }
 
-    /// How many addresses of the range can be handed out: its span less
-    /// the special addresses inside it (exclusions are not subtracted).
-    pub fn handable(&self) -> u128 {
-        let mut special = vec![self.subnet.network()];
-        if self.family() == Family::V4 {
-            special.push(self.subnet.broadcast());
-        }
-        special.extend(self.gateway);
-        special.sort();
-        special.dedup();
-        let inside = special.iter().filter(|ip| self.contains(**ip)).count() as u128;
-        self.span().count().saturating_sub(inside)
-    }
-
     pub fn describe(&self) -> String {
         format!("{}-{}", self.start, self.end)
     }
