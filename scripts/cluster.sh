@@ -104,6 +104,45 @@ build_images() {
         e2e/images/docker-archive.sh "$rootfs" localhost/gobgpd:dev /bin/gobgpd "$B/images/gobgpd.tar"
         rm -rf "$rootfs"; echo "$want" >"$B/stamps/gobgpd"
     fi
+    build_previous_release
+}
+
+# The previous release, for the upgrade test: its source from this
+# repository's history, built as it built itself (cargo build --release,
+# the image tagged as its examples/daemonset.yaml names it), and its
+# manifests exactly as it shipped them, in $B/previous/examples. 0.1.0 is
+# the last commit before issue 17 (Events, conditions, retention,
+# node-bound tokens, node scope): what a user who adopted us on 2026-12-04
+# runs.
+PREVIOUS_VERSION=0.1.0
+PREVIOUS_COMMIT=1a4277c88b51b1dc27e7efa5843964520e5bf446
+PREVIOUS_IMAGE=localhost/sticky-macvlan:dev
+build_previous_release() {
+    local out=$B/previous rootfs t0=$SECONDS
+    if [ "$(cat "$B/stamps/previous" 2>/dev/null)" = "$PREVIOUS_COMMIT" ] && [ -f "$B/images/sticky-macvlan-previous.tar" ]; then
+        return
+    fi
+    if ! git cat-file -e "$PREVIOUS_COMMIT^{commit}" 2>/dev/null; then
+        # A shallow clone: its origin has the commit.
+        git fetch -q --depth 1 origin "$PREVIOUS_COMMIT" 2>/dev/null || true
+    fi
+    git cat-file -e "$PREVIOUS_COMMIT^{commit}" 2>/dev/null ||
+        die "release $PREVIOUS_VERSION (commit $PREVIOUS_COMMIT) is not in this clone's history and could not be fetched: clone without --depth to build what the upgrade test starts from"
+    log "building release $PREVIOUS_VERSION from $PREVIOUS_COMMIT"
+    rm -rf "$out/src" "$out/examples"
+    mkdir -p "$out/src"
+    git archive "$PREVIOUS_COMMIT" | tar -x -C "$out/src"
+    cp -r "$out/src/examples" "$out/examples"
+    (cd "$out/src" && cargo build -q --locked --release -p sticky-macvlan --bins --target-dir ../target)
+    rootfs=$(mktemp -d)
+    cp "$out/target/release/sticky-macvlan" "$out/target/release/sticky-ipam" "$rootfs/"
+    copy_libs "$rootfs" "$rootfs/sticky-macvlan" "$rootfs/sticky-ipam"
+    mkdir -p "$rootfs/tmp"
+    e2e/images/docker-archive.sh "$rootfs" "$PREVIOUS_IMAGE" /sticky-macvlan "$B/images/sticky-macvlan-previous.tar"
+    rm -rf "$rootfs" "$out/src"
+    echo "$PREVIOUS_VERSION $PREVIOUS_IMAGE" >"$out/release"
+    echo "$PREVIOUS_COMMIT" >"$B/stamps/previous"
+    log "built release $PREVIOUS_VERSION ($PREVIOUS_IMAGE) in $((SECONDS - t0)) s"
 }
 
 # copy_libs ROOTFS BINARY...: the shared libraries the binaries load, at
@@ -591,7 +630,7 @@ start_node_daemons() {
         "$BIN/containerd" --config /etc/kubernetes/containerd.toml
     wait_for "$n's containerd" 60 in_node "$n" test -S /run/containerd/containerd.sock
     local img
-    for img in pause testbox sticky-macvlan gobgpd; do
+    for img in pause testbox sticky-macvlan sticky-macvlan-previous gobgpd; do
         in_node "$n" "$BIN/ctr" --address /run/containerd/containerd.sock -n k8s.io images import \
             --local "$B/images/$img.tar" >/dev/null 2>&1 ||
             in_node "$n" "$BIN/ctr" --address /run/containerd/containerd.sock -n k8s.io images import "$B/images/$img.tar" >/dev/null

@@ -144,12 +144,12 @@ impl LocalCluster {
 
     /// A file of examples/, as the README tells a user to apply it.
     pub fn apply_example(&self, name: &str) {
-        let path = self.root.join("examples").join(name);
+        let path = self.examples_dir().join(name);
         self.kubectl(&["apply", "-f", &path.to_string_lossy()]);
     }
 
     pub fn example(&self, name: &str) -> String {
-        let path = self.root.join("examples").join(name);
+        let path = self.examples_dir().join(name);
         std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
     }
@@ -418,29 +418,156 @@ impl LocalCluster {
     }
 
     /// Installs sticky-macvlan as the README tells a user to: the CRD, the
-    /// RBAC and the DaemonSet from examples/, then waits until every node's
-    /// installer has run.
+    /// RBAC, the node-scope policy and the DaemonSet from examples/, then
+    /// waits until every node's installer has run.
     pub fn install(&self) {
-        self.apply_example("ipclaim-crd.yaml");
-        self.apply_example("rbac.yaml");
-        self.apply_example("node-scope-policy.yaml");
-        self.apply_example("daemonset.yaml");
+        self.install_release(&self.examples_dir());
+    }
+
+    /// This release's examples/.
+    pub fn examples_dir(&self) -> PathBuf {
+        self.root.join("examples")
+    }
+
+    /// The same from the manifests in DIR (a release's examples/), then
+    /// waits for the DaemonSet's rollout to reach every node.
+    pub fn install_release(&self, dir: &Path) {
+        self.apply_release(dir);
+        self.wait_rolled_out();
+    }
+
+    /// Applies the release manifests in DIR, in the README's order; a file
+    /// the release did not ship is skipped.
+    pub fn apply_release(&self, dir: &Path) {
+        for file in RELEASE_MANIFESTS {
+            let path = dir.join(file);
+            if path.exists() {
+                self.kubectl(&["apply", "-f", &path.to_string_lossy()]);
+            }
+        }
+    }
+
+    /// Puts this release's install back after a test that took it down,
+    /// for the tests after it; a cleanup, so failures are reported, not
+    /// raised.
+    pub fn restore_install(&self) {
+        for file in RELEASE_MANIFESTS {
+            let path = self.examples_dir().join(file);
+            if let Err(e) = self.try_kubectl(&["apply", "-f", &path.to_string_lossy()]) {
+                eprintln!("cleanup: kubectl apply -f {}: {e}", path.display());
+            }
+        }
+        if let Err(e) = self.try_kubectl(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "daemonset/sticky-macvlan",
+            "--timeout=180s",
+        ]) {
+            eprintln!("cleanup: the sticky-macvlan DaemonSet did not roll out: {e}");
+        }
+    }
+
+    /// Waits until the DaemonSet's latest template runs, ready, on every
+    /// node.
+    pub fn wait_rolled_out(&self) {
         let nodes = self.nodes().len();
         self.wait(
-            "the sticky-macvlan DaemonSet ready on every node",
-            Duration::from_secs(120),
+            "the sticky-macvlan DaemonSet rolled out and ready on every node",
+            Duration::from_secs(180),
             || {
                 let ds = self.json(&["-n", "kube-system", "get", "daemonset", "sticky-macvlan"]);
                 let ready = ds["status"]["numberReady"].as_u64().unwrap_or(0) as usize;
                 let updated = ds["status"]["updatedNumberScheduled"].as_u64().unwrap_or(0) as usize;
-                if ready >= nodes && updated >= nodes {
+                let observed = ds["status"]["observedGeneration"] == ds["metadata"]["generation"];
+                if ready >= nodes && updated >= nodes && observed {
                     Ok(())
                 } else {
-                    Err(format!("{ready}/{nodes} ready, {updated} updated"))
+                    Err(format!(
+                        "{ready}/{nodes} ready, {updated} updated, generation observed: {observed}"
+                    ))
                 }
             },
         );
     }
+
+    /// Removes what `install_release` applied (the installed binaries stay
+    /// on the nodes, as after a user's `kubectl delete`); deleting the CRDs
+    /// deletes every IPClaim and IPLock.
+    pub fn uninstall(&self) {
+        for file in RELEASE_MANIFESTS.iter().rev() {
+            let path = self.examples_dir().join(file);
+            self.kubectl(&[
+                "delete",
+                "--ignore-not-found",
+                "--wait=true",
+                "--timeout=120s",
+                "-f",
+                &path.to_string_lossy(),
+            ]);
+        }
+        self.wait(
+            "no sticky-macvlan installer pod left",
+            Duration::from_secs(120),
+            || {
+                let pods = self.json(&[
+                    "-n",
+                    "kube-system",
+                    "get",
+                    "pods",
+                    "-l",
+                    "app.kubernetes.io/name=sticky-macvlan",
+                ]);
+                match pods["items"].as_array().map(Vec::len) {
+                    Some(0) => Ok(()),
+                    other => Err(format!("{other:?} pods")),
+                }
+            },
+        );
+    }
+
+    /// The previous release `scripts/cluster.sh build` made from this
+    /// repository's history, for the upgrade test.
+    pub fn previous_release(&self) -> PreviousRelease {
+        let dir = self.root.join("target/cluster/previous");
+        let file = dir.join("release");
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}: scripts/cluster.sh build makes the previous release",
+                file.display()
+            )
+        });
+        let mut words = text.split_whitespace();
+        PreviousRelease {
+            version: words.next().unwrap_or_default().to_string(),
+            image: words.next().unwrap_or_default().to_string(),
+            examples: dir.join("examples"),
+        }
+    }
+
+    /// `sticky-macvlan version` of the binary installed on NODE.
+    pub fn installed_version(&self, node: &str) -> String {
+        let binary = self.node_disk(node).join("opt-cni-bin/sticky-macvlan");
+        let out = crate::run(Command::new(&binary).arg("version"));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+/// examples/ files that install sticky-macvlan, in the README's order.
+const RELEASE_MANIFESTS: [&str; 4] = [
+    "ipclaim-crd.yaml",
+    "rbac.yaml",
+    "node-scope-policy.yaml",
+    "daemonset.yaml",
+];
+
+/// A release built from history: its version, the image its DaemonSet
+/// names (imported into every node) and its examples/.
+pub struct PreviousRelease {
+    pub version: String,
+    pub image: String,
+    pub examples: PathBuf,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
