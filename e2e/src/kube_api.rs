@@ -803,6 +803,7 @@ impl KubeApi {
                                 identity: claim.identity.clone(),
                                 created: claim.created,
                                 uid: None,
+                                node: claim.holder.as_ref().map(|h| h.node.clone()),
                             })
                             .unwrap_or_else(|e| panic!("seed the IPLock of {}: {e}", claim.ip));
                         client

@@ -150,7 +150,7 @@ fn rbac_is_least_privilege() {
             (
                 "sticky-macvlan.io".into(),
                 "iplocks".into(),
-                s(&["get", "list", "create", "delete"])
+                s(&["get", "list", "create", "update", "delete"])
             ),
         ]
     );

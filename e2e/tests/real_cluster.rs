@@ -1055,6 +1055,40 @@ fn running_pods(c: &LocalCluster, ns: &str, selector: &str) -> Vec<(String, Stri
         .collect()
 }
 
+/// A lost DEL: Multus' cache of the pod's delegates (sandbox CONTAINER on
+/// NODE) is removed before the pod is force-deleted, so with the pod gone
+/// from the API Multus cannot rebuild the list; it logs that it cannot
+/// properly delete and returns success without calling the NAD plugin.
+fn lose_the_del(c: &LocalCluster, ns: &str, pod: &str, node: &str, container: &str) {
+    let cache = c
+        .node_disk(node)
+        .join(format!("var-lib-cni/multus/{container}"));
+    std::fs::remove_file(&cache)
+        .unwrap_or_else(|e| panic!("Multus' cache {}: {e}", cache.display()));
+    c.kubectl(&[
+        "-n",
+        ns,
+        "delete",
+        "pod",
+        pod,
+        "--force",
+        "--grace-period=0",
+    ]);
+    let multus_log = c.node_disk(node).join("var-log/multus.log");
+    c.wait(
+        &format!("Multus on {node} giving up {pod}'s DEL"),
+        2 * MINUTE,
+        || {
+            let log = std::fs::read_to_string(&multus_log).unwrap_or_default();
+            if log.contains(container) && log.contains("failed to get the cached delegates file") {
+                Ok(())
+            } else {
+                Err("not yet".into())
+            }
+        },
+    );
+}
+
 #[test]
 fn dels_that_never_arrive_are_swept_by_the_reconcile_deployment() {
     let Some(c) = cluster("dels_that_never_arrive_are_swept_by_the_reconcile_deployment") else {
@@ -1102,29 +1136,7 @@ fn dels_that_never_arrive_are_swept_by_the_reconcile_deployment() {
                 .map(str::to_string)
         })
         .expect("the claim records the sandbox");
-    let cache = c
-        .node_disk(&victim_node)
-        .join(format!("var-lib-cni/multus/{container}"));
-    std::fs::remove_file(&cache)
-        .unwrap_or_else(|e| panic!("Multus' cache {}: {e}", cache.display()));
-    c.kubectl(&[
-        "-n",
-        &ns,
-        "delete",
-        "pod",
-        &victim,
-        "--force",
-        "--grace-period=0",
-    ]);
-    let multus_log = c.node_disk(&victim_node).join("var-log/multus.log");
-    c.wait("Multus on the node giving up the DEL", 2 * MINUTE, || {
-        let log = std::fs::read_to_string(&multus_log).unwrap_or_default();
-        if log.contains("failed to get the cached delegates file") {
-            Ok(())
-        } else {
-            Err("not yet".into())
-        }
-    });
+    lose_the_del(&c, &ns, &victim, &victim_node, &container);
 
     // Lost DEL 2: a node crashes and is deleted from the API; its pods are
     // garbage-collected and recreated elsewhere; nobody ever runs their DELs.
@@ -2820,9 +2832,102 @@ fn node_plugin_kubeconfig(
     path
 }
 
+/// The exhaustion reclaim across nodes under the node-scope policy: a
+/// one-address pool held by a pod on node2 whose DEL never came (its
+/// Multus cache gone) is reclaimed by a pod on node1, which takes the
+/// claim and then the lock over before deleting them (the policy refuses
+/// node1 deleting node2's lock outright), and gets the address.
+#[test]
+fn an_exhausted_pool_reclaims_another_nodes_dead_claim_and_lock_under_node_scope() {
+    let Some(c) =
+        cluster("an_exhausted_pool_reclaims_another_nodes_dead_claim_and_lock_under_node_scope")
+    else {
+        return;
+    };
+    let ns = c.namespace("reclaim");
+    let ns = ns.name.clone();
+    let _claims = ClaimsOf {
+        c: &c,
+        ns: ns.clone(),
+    };
+    let network = "fabric-one";
+    c.apply(&format!(
+        r#"apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {{name: {network}, namespace: {ns}}}
+spec:
+  config: |
+    {{"cniVersion": "1.0.0", "name": "{network}", "type": "sticky-macvlan", "master": "eth1",
+      "logFile": "/var/log/sticky-macvlan.log",
+      "ipam": {{"type": "sticky-ipam", "subnet": "172.31.79.0/24", "rangeStart": "172.31.79.10",
+        "rangeEnd": "172.31.79.10", "gateway": "172.31.79.1",
+        "store": {{"type": "kubernetes", "kubeconfig": "/etc/cni/net.d/sticky-macvlan.d/sticky-macvlan.kubeconfig", "timeoutMs": 10000}}}}}}
+"#
+    ));
+    let nodes = c.nodes();
+    let (me, other) = (nodes[0].clone(), nodes[1].clone());
+    c.apply(&pinned_pod(&ns, "gone", &other, network));
+    c.wait_running(&ns, "gone", &[], 2 * MINUTE);
+    let lock_on = |ip: &str| -> serde_json::Value {
+        c.json(&["get", "iplocks"])["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l["spec"]["network"] == network && l["spec"]["ip"] == ip)
+            .cloned()
+            .unwrap_or(serde_json::Value::Null)
+    };
+    let lock = lock_on("172.31.79.10");
+    assert_eq!(lock["spec"]["node"], other.as_str(), "{lock}");
+    let container = c
+        .ipclaims()
+        .into_iter()
+        .find(|k| k["spec"]["network"] == network && k["status"]["holder"]["podName"] == "gone")
+        .and_then(|k| {
+            k["status"]["holder"]["containerID"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .expect("gone's claim records its sandbox");
+    lose_the_del(&c, &ns, "gone", &other, &container);
+    assert_eq!(
+        c.bound_claims(network).len(),
+        1,
+        "the dead pod's claim is still held"
+    );
+
+    let t = Instant::now();
+    c.apply(&pinned_pod(&ns, "new", &me, network));
+    c.wait_running(&ns, "new", &[], 2 * MINUTE);
+    let addrs = c.pod_addrs(&ns, "new", "net1");
+    assert_eq!(
+        addrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["172.31.79.10"],
+        "the pod on {me} reclaimed the pool's one address; {me}'s log: {:#?}",
+        plugin_log(&c, &me, &ns)
+    );
+    let held = c.bound_claims(network);
+    assert!(
+        held.len() == 1 && held[0].pod == format!("{ns}/new") && held[0].node == me,
+        "{held:?}"
+    );
+    let lock = lock_on("172.31.79.10");
+    assert_eq!(
+        lock["spec"]["node"],
+        me.as_str(),
+        "the new lock is {me}'s: {lock}"
+    );
+    eprintln!(
+        "reclaim under node scope: the pod on {me} took over the one address {other}'s dead pod held, claim and lock, Running {:.1} s after it was created",
+        t.elapsed().as_secs_f64()
+    );
+}
+
 /// examples/node-scope-policy.yaml on the real API server: node1's plugin
 /// token may not release, redirect or delete a claim node2 holds, nor
-/// create one naming node2; it may change its own. (Server-side dry runs:
+/// create one naming node2; it may change its own. The same for the
+/// locks, which name the node that made them; and node1's token may mint
+/// the account's token only bound to node1. (Server-side dry runs:
 /// admission runs, nothing is stored.)
 #[test]
 fn one_nodes_token_is_refused_when_it_rewrites_another_nodes_live_claim() {
@@ -2943,8 +3048,103 @@ fn one_nodes_token_is_refused_when_it_rewrites_another_nodes_live_claim() {
     let (ok, said) = as_me(&["replace", "--dry-run=server", "-f", "-"], Some(&own));
     assert!(ok, "node1 changing its own claim: {said}");
 
+    // The locks: each names the node that made it; node1 may not delete
+    // node2's, change its identity, or forge one naming node2; it may
+    // delete its own, and take node2's over (the reclaim's first step).
+    let lock_of = |claim: &serde_json::Value| -> serde_json::Value {
+        let mut lock = c.json(&["get", "iplocks"])["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l["metadata"]["uid"] == claim["spec"]["lockUID"])
+            .cloned()
+            .unwrap_or_else(|| panic!("no IPLock under {}", claim["metadata"]["name"]));
+        lock["metadata"]
+            .as_object_mut()
+            .expect("metadata")
+            .remove("managedFields");
+        lock
+    };
+    let their_lock = lock_of(&theirs);
+    let lock_name = their_lock["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    assert_eq!(
+        their_lock["spec"]["node"],
+        other.as_str(),
+        "a lock names the node that made it: {their_lock}"
+    );
+    refused(
+        "deleting node2's lock",
+        as_me(&["delete", "--dry-run=server", "iplock", &lock_name], None),
+        "may not delete IPLock",
+    );
+    let mut stolen = their_lock.clone();
+    stolen["spec"]["identity"] = serde_json::json!(format!("{ns}/someone-else"));
+    stolen["spec"]["node"] = serde_json::json!(me);
+    refused(
+        "giving node2's lock to another identity",
+        as_me(&["replace", "--dry-run=server", "-f", "-"], Some(&stolen)),
+        "may change only its spec.node",
+    );
+    let mut forged_lock = their_lock.clone();
+    let meta = forged_lock["metadata"].as_object_mut().expect("metadata");
+    for k in ["resourceVersion", "uid", "creationTimestamp", "generation"] {
+        meta.remove(k);
+    }
+    meta.insert(
+        "name".into(),
+        serde_json::json!(format!("{lock_name}-forged")),
+    );
+    refused(
+        "creating a lock naming node2",
+        as_me(
+            &["create", "--dry-run=server", "-f", "-"],
+            Some(&forged_lock),
+        ),
+        "a node names only itself",
+    );
+    let mut taken = their_lock.clone();
+    taken["spec"]["node"] = serde_json::json!(me);
+    let (ok, said) = as_me(&["replace", "--dry-run=server", "-f", "-"], Some(&taken));
+    assert!(ok, "node1 taking node2's lock over: {said}");
+    let own_lock = lock_of(&claim_of("mine"));
+    let (ok, said) = as_me(
+        &[
+            "delete",
+            "--dry-run=server",
+            "iplock",
+            own_lock["metadata"]["name"].as_str().expect("name"),
+        ],
+        None,
+    );
+    assert!(ok, "node1 deleting its own lock: {said}");
+
+    // The node in a token stays true: node1's token may mint the
+    // account's token bound to node1 (the installer's renewal), not one
+    // bound to node2 (which would pass the policies as node2) or unbound.
+    let mint = |bound: Option<&str>| {
+        let mut args = vec!["-n", "kube-system", "create", "token", "sticky-macvlan"];
+        if let Some(node) = bound {
+            args.extend(["--bound-object-kind", "Node", "--bound-object-name", node]);
+        }
+        as_me(&args, None)
+    };
+    refused(
+        "minting a token bound to node2",
+        mint(Some(&other)),
+        "may mint a token bound only to the node it runs on",
+    );
+    refused(
+        "minting an unbound token",
+        mint(None),
+        "may mint a token bound only to the node it runs on",
+    );
+    let (ok, said) = mint(Some(&me));
+    assert!(ok, "node1 minting a token bound to itself: {said}");
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!(
-        "node scope: {me}'s plugin token refused releasing, redirecting, deleting and forging {other}'s claim; allowed on its own"
+        "node scope: {me}'s plugin token refused releasing, redirecting, deleting and forging {other}'s claim, deleting its lock, giving it to another identity and forging one, minting a token bound to {other} or to nothing; allowed on its own claim and lock, to take {other}'s lock over, and to mint a token bound to {me}"
     );
 }

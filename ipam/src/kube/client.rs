@@ -573,6 +573,23 @@ impl KubeApi for KubeClient {
             .map(drop)
     }
 
+    fn take_lock(&self, name: &str, uid: &str, node: &str) -> ApiResult<()> {
+        let api = self.locks();
+        let what = format!("take iplock {name} over for node {node}");
+        let Some(mut o) = self.get_opt(&what, api.get(name))? else {
+            return Err(ApiError::Conflict(format!("{what}: it is gone")));
+        };
+        if o.metadata.uid.as_deref() != Some(uid) {
+            return Err(ApiError::Conflict(format!(
+                "{what}: it is another lock now"
+            )));
+        }
+        o.spec.node = Some(node.to_string());
+        // The GET's resourceVersion is the precondition.
+        self.run(&what, api.replace(name, &PostParams::default(), &o))
+            .map(drop)
+    }
+
     fn create_claim(&self, obj: &ClaimObject) -> ApiResult<ClaimObject> {
         let api = self.claims();
         let mut o = to_object(obj);

@@ -65,6 +65,7 @@ pub struct IPClaimSpec {
     plural = "iplocks",
     printcolumn = r#"{"name":"IP","type":"string","jsonPath":".spec.ip"}"#,
     printcolumn = r#"{"name":"Identity","type":"string","jsonPath":".spec.identity"}"#,
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".spec.node"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -75,6 +76,11 @@ pub struct IPLockSpec {
     /// The identity whose IPClaim may name this address.
     pub identity: String,
     pub created: u64,
+    /// The node whose plugin made the lock or took it over; under the
+    /// node-scope policy only that node's plugin may delete it. Absent on
+    /// locks made before 0.2.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
@@ -225,6 +231,7 @@ pub fn to_lock(lock: &LockObject) -> IPLock {
             ip: lock.ip.to_string(),
             identity: lock.identity.clone(),
             created: lock.created,
+            node: lock.node.clone(),
         },
     }
 }
@@ -247,6 +254,7 @@ pub fn from_lock(o: &IPLock) -> Result<LockObject, String> {
         identity: o.spec.identity.clone(),
         created: o.spec.created,
         uid: o.metadata.uid.clone(),
+        node: o.spec.node.clone(),
     })
 }
 
@@ -357,6 +365,7 @@ mod tests {
             identity: "bgp/rs0-0".into(),
             created: 3,
             uid: Some("u1".into()),
+            node: Some("node1".into()),
         };
         assert_eq!(from_lock(&to_lock(&lock)).unwrap(), lock);
         let crds = definitions();

@@ -22,6 +22,10 @@ pub struct FakeApi {
     /// The next N writes answer 409 without applying.
     pub inject_conflicts: Cell<usize>,
     pub unreachable: Cell<bool>,
+    /// The node whose token the fake answers as under the node-scope
+    /// policy (examples/node-scope-policy.yaml): a delete of a lock that
+    /// names another node is refused, as the API server refuses it.
+    pub node_scope: RefCell<Option<String>>,
     revision: Cell<u64>,
 }
 
@@ -123,15 +127,36 @@ impl KubeApi for FakeApi {
         self.record(format!("delete lock {name}"))?;
         self.injected()?;
         let mut locks = self.locks.borrow_mut();
+        let scope = self.node_scope.borrow();
         match locks.get(name) {
             None => Err(ApiError::Conflict(format!("{name} not found"))),
             Some(cur) if cur.uid.as_deref() != Some(uid) => {
                 Err(ApiError::Conflict(format!("{name} is another lock")))
             }
+            Some(cur) if cur.node.is_some() && scope.is_some() && cur.node != *scope => {
+                Err(ApiError::Refused(format!(
+                    "node {scope:?} may not delete IPLock {name}, made on node {:?}",
+                    cur.node
+                )))
+            }
             Some(_) => {
                 locks.remove(name);
                 Ok(())
             }
+        }
+    }
+
+    fn take_lock(&self, name: &str, uid: &str, node: &str) -> ApiResult<()> {
+        self.record(format!("take lock {name}"))?;
+        self.injected()?;
+        match self.locks.borrow_mut().get_mut(name) {
+            Some(cur) if cur.uid.as_deref() == Some(uid) => {
+                cur.node = Some(node.to_string());
+                Ok(())
+            }
+            _ => Err(ApiError::Conflict(format!(
+                "{name} is gone or another lock"
+            ))),
         }
     }
 

@@ -64,9 +64,10 @@ pub struct ClaimObject {
 }
 
 /// An `IPLock`: one object per (network, IP), named by `lock_name`. Its
-/// create-if-absent is what makes an address one identity's (I1). A lock
-/// is never updated: it is created before the claim that names its
-/// address and deleted after it.
+/// create-if-absent is what makes an address one identity's (I1). It is
+/// created before the claim that names its address and deleted after it;
+/// its address and identity never change. Only its node does, when a node
+/// takes another node's lock over to delete it (I14).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockObject {
     pub network: String,
@@ -77,6 +78,10 @@ pub struct LockObject {
     pub created: u64,
     /// None for an object not yet created.
     pub uid: Option<String>,
+    /// The node whose plugin made it (or took it over): the node-scope
+    /// policy lets only that node delete it. None on locks made before
+    /// 0.2.0 and by the CLI's operator commands.
+    pub node: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -114,6 +119,9 @@ pub trait KubeApi {
     fn create_lock(&self, lock: &LockObject) -> ApiResult<LockObject>;
     /// Deletes with the UID precondition.
     fn delete_lock(&self, name: &str, uid: &str) -> ApiResult<()>;
+    /// Names NODE the lock's node (the lock with this UID, else a
+    /// conflict), so that node may delete it under the node-scope policy.
+    fn take_lock(&self, name: &str, uid: &str, node: &str) -> ApiResult<()>;
     fn get_pod(&self, namespace: &str, name: &str) -> ApiResult<Option<PodFacts>>;
     fn get_node(&self, name: &str) -> ApiResult<Option<ClusterNode>>;
     /// What retention needs of a StatefulSet, None when it no longer
@@ -169,6 +177,7 @@ pub const PLUGIN_ACCESS: &[Permission] = &[
     grant(GROUP, "iplocks", "get"),
     grant(GROUP, "iplocks", "list"),
     grant(GROUP, "iplocks", "create"),
+    grant(GROUP, "iplocks", "update"),
     grant(GROUP, "iplocks", "delete"),
     grant("", "pods", "get"),
     grant("", "nodes", "get"),

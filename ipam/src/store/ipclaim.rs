@@ -110,6 +110,12 @@ fn orphan_claim(lock: &LockObject) -> Claim {
     }
 }
 
+/// The node that writes CLAIM: its holder's (None for an unheld claim,
+/// which only the CLI's operator commands write).
+fn writer(claim: &Claim) -> Option<&str> {
+    claim.holder.as_ref().map(|h| h.node.as_str())
+}
+
 impl<'a> KubeStore<'a> {
     pub fn new(
         api: &'a dyn KubeApi,
@@ -256,6 +262,7 @@ impl<'a> KubeStore<'a> {
                     identity: after.identity.clone(),
                     created: now_secs(),
                     uid: None,
+                    node: after.holder.as_ref().map(|h| h.node.clone()),
                 })
                 .map_err(|e| {
                     if matches!(e, ApiError::Conflict(_)) {
@@ -289,7 +296,7 @@ impl<'a> KubeStore<'a> {
                         .flatten()
                         .is_some_and(|o| o.claim.ip == ip);
                 if !adopted && !adopted_by_other && !maybe_made {
-                    self.unlock(ip, &after.identity);
+                    self.unlock(ip, &after.identity, writer(after));
                 }
                 Err(e.into())
             }
@@ -298,8 +305,11 @@ impl<'a> KubeStore<'a> {
 
     /// Deletes the lock on `ip` if it is `identity`'s; best effort: a lock
     /// left behind is an orphan, which keeps the address taken until
-    /// reconcile removes it, never hands it out twice.
-    fn unlock(&mut self, ip: IpAddr, identity: &str) {
+    /// reconcile removes it, never hands it out twice. A lock another node
+    /// made is this node's (NODE's) to delete once it has taken it over:
+    /// the node-scope policy refuses the delete before, and only then does
+    /// the takeover cost its requests.
+    fn unlock(&mut self, ip: IpAddr, identity: &str, node: Option<&str>) {
         let name = lock_name(&self.network, ip);
         let uid = match self.lock_uids.remove(&ip) {
             Some(uid) => Some(uid),
@@ -313,7 +323,15 @@ impl<'a> KubeStore<'a> {
             },
         };
         let Some(uid) = uid else { return };
-        match self.api.delete_lock(&name, &uid) {
+        let deleted = match (self.api.delete_lock(&name, &uid), node) {
+            (Err(ApiError::Refused(refusal)), Some(node)) => self
+                .api
+                .take_lock(&name, &uid, node)
+                .and_then(|()| self.api.delete_lock(&name, &uid))
+                .map_err(|e| ApiError::Refused(format!("{refusal}; taking it over: {e}"))),
+            (result, _) => result,
+        };
+        match deleted {
             Ok(()) => {}
             // Gone already, or another lock since: not ours to delete.
             Err(ApiError::Conflict(_)) => {}
@@ -324,7 +342,8 @@ impl<'a> KubeStore<'a> {
         self.orphans.remove(&ip);
     }
 
-    fn remove(&mut self, before: &Claim) -> StoreResult<()> {
+    /// NODE: the node that makes this change (see `unlock`).
+    fn remove(&mut self, before: &Claim, node: Option<&str>) -> StoreResult<()> {
         if !self.orphans.contains_key(&before.ip) {
             let rv = self.version_of(before.ip)?;
             self.api
@@ -335,7 +354,7 @@ impl<'a> KubeStore<'a> {
                 .map_err(StoreError::from)?;
             self.versions.remove(&before.ip);
         }
-        self.unlock(before.ip, &before.identity);
+        self.unlock(before.ip, &before.identity, node);
         Ok(())
     }
 
@@ -376,7 +395,7 @@ impl<'a> KubeStore<'a> {
                         self.remember(obj);
                     }
                 }
-                self.remove(before)?;
+                self.remove(before, after.as_ref().and_then(writer).or(writer(before)))?;
                 match after {
                     Some(after) => self.create(after),
                     None => Ok(()),
@@ -986,6 +1005,15 @@ mod tests {
             add(&api, None, &req(&key, false, &pod, "n2")).unwrap();
         }
         api.pods.borrow_mut().clear();
+        assert!(
+            api.locks
+                .borrow()
+                .values()
+                .all(|l| l.node.as_deref() == Some("n2")),
+            "a lock names the node that made it"
+        );
+        // n1 answers to the node-scope policy: n2's locks are not its to delete.
+        *api.node_scope.borrow_mut() = Some("n1".into());
         running(&api, "new", "n1");
         let key = dynamic_key("c-new", "net1");
         let (got, calls) = counted(&api, || add(&api, None, &req(&key, false, "new", "n1")));
@@ -1009,11 +1037,32 @@ mod tests {
             ),
             "{writes:?}"
         );
+        // So is its lock: after the create that found it taken (which
+        // started the reclaim), the refused delete, the takeover, the
+        // delete.
+        let lock = lock_name("macnet", ip);
+        let lock_writes: Vec<&str> = writes
+            .iter()
+            .copied()
+            .filter(|w| w.ends_with(&format!(" lock {lock}")))
+            .collect();
+        assert_eq!(
+            lock_writes,
+            [
+                format!("create lock {lock}"),
+                format!("delete lock {lock}"),
+                format!("take lock {lock}"),
+                format!("delete lock {lock}"),
+                format!("create lock {lock}")
+            ],
+            "{writes:?}"
+        );
         let stored = api.claims.borrow();
         let mine = stored.values().find(|o| o.claim.ip == ip).unwrap();
         assert_eq!(mine.claim.identity, key);
         assert_eq!(mine.claim.holder.as_ref().unwrap().node, "n1");
         drop(stored);
+        assert_eq!(api.locks.borrow()[&lock].node.as_deref(), Some("n1"));
         locks_match(&api);
     }
 
@@ -1158,6 +1207,7 @@ mod tests {
             identity: "someone-else".into(),
             created: 1,
             uid: None,
+            node: None,
         })
         .unwrap();
         let e = store.commit(&plan).unwrap_err();
@@ -1185,6 +1235,7 @@ mod tests {
             identity: "crashed".into(),
             created: 1,
             uid: None,
+            node: Some("n1".into()),
         })
         .unwrap();
         // Next-fit from .12 skips the locked .13.
