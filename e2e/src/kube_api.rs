@@ -26,7 +26,7 @@ pub const API_PORT: u16 = 6443;
 /// ClusterRole through its group.
 const PLUGIN_TOKEN: &str = "e2e-token";
 const PLUGIN_USER: &str = "sticky-macvlan-e2e-node";
-const PLUGIN_GROUP: &str = "sticky-macvlan:e2e-nodes";
+pub const PLUGIN_GROUP: &str = "sticky-macvlan:e2e-nodes";
 const ADMIN_TOKEN: &str = "e2e-admin-token";
 
 enum Backend {
@@ -402,21 +402,27 @@ impl Topology {
 /// trust store, as it does on a real node.
 pub const STANDIN_CA: &str = include_str!("../standin-ca.pem");
 
-/// A kubeconfig as `sticky-macvlan install` writes it (the stand-in
-/// ignores the token).
 /// The node plugin's ClusterRole, as examples/rbac.yaml defines it.
 pub fn plugin_cluster_role() -> Value {
-    let rbac = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/rbac.yaml"),
-    )
-    .expect("read examples/rbac.yaml");
-    let role = rbac
-        .split("\n---")
-        .find(|doc| doc.contains("kind: ClusterRole\n") && doc.contains("name: sticky-macvlan\n"))
-        .expect("examples/rbac.yaml has the sticky-macvlan ClusterRole");
-    serde_saphyr::from_str(role).expect("parse the ClusterRole")
+    example_doc("rbac.yaml", "ClusterRole", "sticky-macvlan")
 }
 
+/// The object of KIND named NAME in examples/FILE.
+pub fn example_doc(file: &str, kind: &str, name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(file);
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+        .unwrap_or_else(|e| panic!("parse {}: {e}", path.display()));
+    docs.into_iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("examples/{file} has no {kind} {name}"))
+}
+
+/// A kubeconfig as `sticky-macvlan install` writes it (the stand-in
+/// ignores the token).
 pub fn kubeconfig_yaml(server: &str, ca: &std::path::Path) -> String {
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: sticky-macvlan\n  user:\n    token: {PLUGIN_TOKEN}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: sticky-macvlan\ncurrent-context: e2e\n",

@@ -2,13 +2,14 @@
 //! (etcd + kube-apiserver with RBAC, `Topology::start_api`): a healthy
 //! node passes, and each planted fault is found with its fix: a wrong bin
 //! dir, a token the API server rejects, a role missing a verb, a master
-//! that is down, a master that is a bridge port, a missing CRD.
+//! that is down, a master that is a bridge port, a DaemonSet whose image
+//! is newer than the node's binaries, a missing CRD.
 
 use std::path::Path;
 use std::process::Command;
 
 use serde_json::{json, Value};
-use sticky_e2e::kube_api::{plugin_cluster_role, KubeApi};
+use sticky_e2e::kube_api::{example_doc, plugin_cluster_role, KubeApi, PLUGIN_GROUP};
 use sticky_e2e::{configs, ip, our_plugin, Topology};
 
 struct Doctor {
@@ -107,7 +108,14 @@ fn kubeconfig_missing_a_verb(topo: &Topology, api: &KubeApi) -> std::path::PathB
     role["metadata"]["name"] = json!("short");
     for rule in role["rules"].as_array_mut().into_iter().flatten() {
         if rule["resources"] == json!(["iplocks"]) {
-            rule["verbs"] = json!(["get", "list", "create"]);
+            let kept: Vec<Value> = rule["verbs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|v| *v != "delete")
+                .cloned()
+                .collect();
+            rule["verbs"] = Value::Array(kept);
         }
     }
     api.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", role);
@@ -156,6 +164,21 @@ fn doctor_passes_a_healthy_node_and_finds_every_planted_fault_with_its_fix() {
     )
     .expect("a config");
     let conf_dir = conf_dir.display().to_string();
+    // The installer DaemonSet and the Role that lets a node read it, as
+    // examples/ has them (no controller runs, so its status stays empty).
+    api.create(
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/roles",
+        example_doc("rbac.yaml", "Role", "sticky-macvlan-installer"),
+    );
+    api.create(
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/rolebindings",
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "sticky-macvlan-installer-e2e-nodes", "namespace": "kube-system"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "sticky-macvlan-installer"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": PLUGIN_GROUP}]}),
+    );
+    let daemonset = example_doc("daemonset.yaml", "DaemonSet", "sticky-macvlan");
+    api.create("/apis/apps/v1/namespaces/kube-system/daemonsets", daemonset);
     let uplink = topo.node(0).uplink.clone();
     let good = network(&topo, &api, "good.json", &api.kubeconfig, &uplink);
     let base = |config: &str| -> Vec<String> {
@@ -191,6 +214,7 @@ fn doctor_passes_a_healthy_node_and_finds_every_planted_fault_with_its_fix() {
         "kubeconfig",
         "rbac",
         "crd",
+        "daemonset",
     ] {
         assert!(
             healthy
@@ -250,7 +274,22 @@ fn doctor_passes_a_healthy_node_and_finds_every_planted_fault_with_its_fix() {
     std::fs::write(&bad_path, bad.to_string()).expect("write");
     run(base(&bad_path.display().to_string())).finds("network", "mastre", "fix the config");
 
-    // 7. The CRDs were never installed (here: removed by the admin).
+    // 7. The DaemonSet runs a newer image than the node's binaries, and
+    // its rollout is done: the installer pod here did not run it.
+    let (code, out) = api.request(
+        "PATCH",
+        "/apis/apps/v1/namespaces/kube-system/daemonsets/sticky-macvlan",
+        Some(&json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "install", "image": "localhost/sticky-macvlan:9.9.9"}]}}}})),
+    );
+    assert_eq!(code, 200, "patch the DaemonSet's image: {out}");
+    run(base(&good)).finds(
+        "daemonset",
+        "runs localhost/sticky-macvlan:9.9.9 (version 9.9.9) on every node",
+        "delete the one on this node",
+    );
+
+    // 8. The CRDs were never installed (here: removed by the admin).
     for crd in ["ipclaims", "iplocks"] {
         let (code, out) = api.request(
             "DELETE",

@@ -175,7 +175,8 @@ fn rbac_is_least_privilege() {
         .iter()
         .any(|v| v == "create" || v == "*" || v == "watch")));
     // The one Role: the installer may mint tokens of the plugin's own
-    // service account (bound to its node), of no other.
+    // service account (bound to its node), of no other, and doctor may
+    // read the DaemonSet, no other.
     let roles: Vec<&serde_json::Value> = docs.iter().filter(|d| d["kind"] == "Role").collect();
     assert_eq!(roles.len(), 1, "{roles:?}");
     assert_eq!(roles[0]["metadata"]["name"], "sticky-macvlan-installer");
@@ -186,6 +187,11 @@ fn rbac_is_least_privilege() {
             "resources": ["serviceaccounts/token"],
             "resourceNames": ["sticky-macvlan"],
             "verbs": ["create"]
+        }, {
+            "apiGroups": ["apps"],
+            "resources": ["daemonsets"],
+            "resourceNames": ["sticky-macvlan"],
+            "verbs": ["get"]
         }])
     );
     let binding = docs

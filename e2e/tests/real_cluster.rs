@@ -2377,7 +2377,8 @@ fn failed_sandboxes(c: &LocalCluster, ns: &str, pod: &str) -> u64 {
 /// pods started on every node while the DaemonSet rolls: the running pods
 /// keep their addresses, the claims 0.1.0 wrote (held and reserved) hand
 /// the same addresses back to this release's plugin, which adds what 0.1.0
-/// did not write (conditions; the retention defaults come from the CRD).
+/// did not write (conditions; the retention defaults come from the CRD);
+/// `doctor` on every node then finds nothing wrong.
 #[test]
 fn upgrading_a_running_cluster_from_the_previous_release_keeps_every_address() {
     let Some(c) =
@@ -2523,6 +2524,36 @@ fn upgrading_a_running_cluster_from_the_previous_release_keeps_every_address() {
             "db-1's claim, written by {} only, reads the CRD's retention defaults: {k}",
             previous.version
         );
+    }
+    // doctor on every node, with the plugin's own kubeconfig: the node's
+    // binaries are the DaemonSet's image, and nothing is wrong.
+    for n in &nodes {
+        let out = std::process::Command::new("nsenter")
+            .args(["-t", &c.node_pid(n), "-n", "-m", "-u", "--"])
+            .args(["/opt/cni/bin/sticky-macvlan", "doctor", "--json"])
+            .output()
+            .expect("run doctor on the node");
+        let findings: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{n}: doctor printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let daemonset = findings
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|f| f["check"] == "daemonset")
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            daemonset["severity"] == "ok"
+                && daemonset["what"]
+                    .as_str()
+                    .is_some_and(|w| w.contains(&format!("this node has {version}"))),
+            "{n}: doctor compares the DaemonSet with the node: {findings:#}"
+        );
+        assert_eq!(out.status.code(), Some(0), "{n}: doctor: {findings:#}");
     }
     let table = c.kubectl(&["get", "ipclaims"]);
     let header = table.lines().next().unwrap_or_default();

@@ -343,6 +343,35 @@ impl KubeClient {
 
     /// Whether the IPClaim and IPLock resources are served: a one-object
     /// listing of each, whose 404 names the missing CRD.
+    /// The installer DaemonSet NAMESPACE/NAME, None when it does not exist
+    /// (for `doctor`; the installer's Role grants this one get).
+    pub fn daemon_set(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> ApiResult<Option<super::DaemonSetFacts>> {
+        use k8s_openapi::api::apps::v1::DaemonSet;
+        let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), namespace);
+        let what = format!("get daemonset {namespace}/{name}");
+        Ok(self.get_opt(&what, api.get(name))?.map(|ds| {
+            let image = ds
+                .spec
+                .template
+                .spec
+                .as_ref()
+                .and_then(|p| p.containers.first())
+                .and_then(|c| c.image.clone())
+                .unwrap_or_default();
+            let status = ds.status.unwrap_or_default();
+            let count = |n: Option<i32>| u64::try_from(n.unwrap_or(0)).unwrap_or(0);
+            super::DaemonSetFacts {
+                image,
+                desired: count(Some(status.desired_number_scheduled)),
+                updated: count(status.updated_number_scheduled),
+            }
+        }))
+    }
+
     pub fn resources_served(&self) -> ApiResult<()> {
         let lp = ListParams::default().limit(1);
         let what = "list ipclaims";

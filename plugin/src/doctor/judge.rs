@@ -240,6 +240,92 @@ pub fn api_error(check: &'static str, server: &str, kubeconfig: &str, e: &ApiErr
     }
 }
 
+/// The version an image's tag names ("localhost/sticky-macvlan:0.2.0" ->
+/// "0.2.0", a "v" dropped), None for a tag that names no version ("dev",
+/// "latest", a digest only).
+fn image_version(image: &str) -> Option<&str> {
+    let last = image.rsplit('/').next().unwrap_or(image);
+    let last = last.split('@').next().unwrap_or(last);
+    let (_, tag) = last.split_once(':')?;
+    let tag = tag.strip_prefix('v').unwrap_or(tag);
+    tag.starts_with(|c: char| c.is_ascii_digit()).then_some(tag)
+}
+
+/// The installer DaemonSet (DS, "namespace/name") against this node's
+/// installed binaries (version INSTALLED): the image it runs, and whether
+/// its rollout reached every node.
+pub fn daemon_set(
+    ds: &str,
+    installed: &str,
+    found: &Result<Option<sticky_ipam::kube::DaemonSetFacts>, ApiError>,
+) -> Finding {
+    let check = "daemonset";
+    let (ns, name) = ds.split_once('/').unwrap_or(("kube-system", ds));
+    let f = match found {
+        Err(ApiError::Refused(m)) if m.contains(" 403 ") => {
+            return Finding::warn(
+                check,
+                format!("may not read DaemonSet {ds}: {m}"),
+                "apply examples/rbac.yaml: its Role sticky-macvlan-installer lets the node read its installer DaemonSet",
+            )
+        }
+        Err(e) => {
+            return Finding::warn(
+                check,
+                format!("could not read DaemonSet {ds}: {e}"),
+                "see the kubeconfig finding",
+            )
+        }
+        Ok(None) => {
+            return Finding::warn(
+                check,
+                format!("there is no DaemonSet {ds} to keep this node's binaries current"),
+                "install with examples/daemonset.yaml, or pass --daemonset NAMESPACE/NAME where yours is",
+            )
+        }
+        Ok(Some(f)) => f,
+    };
+    let rolling = f.updated < f.desired;
+    let progress = format!("{} of {} nodes updated", f.updated, f.desired);
+    match image_version(&f.image) {
+        None => Finding::warn(
+            check,
+            format!(
+                "DaemonSet {ds} runs {}, whose tag names no version; this node has {installed}",
+                f.image
+            ),
+            "tag the image with its release version (scripts/image.sh does) so that nodes can be compared with it",
+        ),
+        Some(v) if v == installed && !rolling => Finding::ok(
+            check,
+            format!("DaemonSet {ds} runs {} ({progress}); this node has {installed}", f.image),
+        ),
+        Some(v) if v == installed => Finding::warn(
+            check,
+            format!("DaemonSet {ds} is rolling out {} ({progress}); this node has it", f.image),
+            format!("wait for kubectl -n {ns} rollout status daemonset/{name}"),
+        ),
+        Some(_) if rolling => Finding::warn(
+            check,
+            format!(
+                "DaemonSet {ds} is rolling out {} ({progress}); this node still has {installed}",
+                f.image
+            ),
+            format!("wait for kubectl -n {ns} rollout status daemonset/{name}; until then this node allocates with {installed}"),
+        ),
+        Some(v) => Finding::fail(
+            check,
+            format!(
+                "DaemonSet {ds} runs {} (version {v}) on every node, but this node has {installed} installed",
+                f.image
+            ),
+            format!(
+                "its installer pod on this node has not run the new image: kubectl -n {ns} get pods -l app.kubernetes.io/name={name} -o wide, and delete the one on this node so that it runs again"
+            ),
+        ),
+    }
+}
+
 /// The SelfSubjectAccessReviews for every permission the plugin uses.
 pub fn access(
     user: &str,
@@ -351,5 +437,103 @@ mod tests {
         assert!(!f.what.contains("get pods"));
         let all: Vec<_> = PLUGIN_ACCESS.iter().map(|p| (p, true)).collect();
         assert_eq!(access("u", &all, "sticky-macvlan").severity, Severity::Ok);
+    }
+
+    #[test]
+    fn the_daemonset_is_compared_with_the_installed_binaries() {
+        use sticky_ipam::kube::DaemonSetFacts;
+        type Found = Result<Option<DaemonSetFacts>, ApiError>;
+        let ds = |image: &str, desired: u64, updated: u64| -> Found {
+            Ok(Some(DaemonSetFacts {
+                image: image.into(),
+                desired,
+                updated,
+            }))
+        };
+        let name = "kube-system/sticky-macvlan";
+        // (daemonset, installed, severity, what says, fix says)
+        let cases: Vec<(Found, &str, Severity, &str, &str)> = vec![
+            (
+                ds("localhost/sticky-macvlan:0.2.0", 3, 3),
+                "0.2.0",
+                Severity::Ok,
+                "3 of 3 nodes updated",
+                "",
+            ),
+            (
+                ds("reg:5000/team/sticky-macvlan:v0.2.0@sha256:ab", 3, 3),
+                "0.2.0",
+                Severity::Ok,
+                "this node has 0.2.0",
+                "",
+            ),
+            (
+                ds("localhost/sticky-macvlan:0.2.0", 3, 1),
+                "0.2.0",
+                Severity::Warn,
+                "is rolling out",
+                "rollout status daemonset/sticky-macvlan",
+            ),
+            (
+                ds("localhost/sticky-macvlan:0.2.0", 3, 1),
+                "0.1.0",
+                Severity::Warn,
+                "still has 0.1.0",
+                "rollout status",
+            ),
+            (
+                ds("localhost/sticky-macvlan:0.2.0", 3, 3),
+                "0.1.0",
+                Severity::Fail,
+                "has 0.1.0 installed",
+                "delete the one on this node",
+            ),
+            (
+                ds("localhost/sticky-macvlan:dev", 3, 3),
+                "0.2.0",
+                Severity::Warn,
+                "names no version",
+                "scripts/image.sh",
+            ),
+            (
+                ds("localhost/sticky-macvlan", 3, 3),
+                "0.2.0",
+                Severity::Warn,
+                "names no version",
+                "tag the image",
+            ),
+            (
+                Ok(None),
+                "0.2.0",
+                Severity::Warn,
+                "no DaemonSet kube-system/sticky-macvlan",
+                "--daemonset",
+            ),
+            (
+                Err(ApiError::Refused(
+                    "get daemonset kube-system/sticky-macvlan: 403 Forbidden (no)".into(),
+                )),
+                "0.2.0",
+                Severity::Warn,
+                "may not read DaemonSet",
+                "examples/rbac.yaml",
+            ),
+            (
+                Err(ApiError::Unreachable("timed out".into())),
+                "0.2.0",
+                Severity::Warn,
+                "could not read",
+                "kubeconfig",
+            ),
+        ];
+        for (found, installed, severity, what, fix) in cases {
+            let f = daemon_set(name, installed, &found);
+            assert_eq!(f.severity, severity, "{found:?} / {installed}: {f:?}");
+            assert!(f.what.contains(what), "{f:?} should say {what:?}");
+            assert!(
+                f.fix.as_deref().unwrap_or("").contains(fix),
+                "{f:?} should fix with {fix:?}"
+            );
+        }
     }
 }

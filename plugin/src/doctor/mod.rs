@@ -31,8 +31,10 @@ the CNI conf dir, the network's config (--network or --config), its master
 interface (exists in this netns, up, not a port of a bond or bridge), its
 store (the file store opens; the kubernetes store answers), and for the
 kubernetes store the kubeconfig and token (accepted by the API server),
-RBAC (a SelfSubjectAccessReview for every verb the plugin uses) and the
-IPClaim/IPLock CRDs. Run it in the node's network namespace.
+RBAC (a SelfSubjectAccessReview for every verb the plugin uses), the
+IPClaim/IPLock CRDs, and the installer DaemonSet (the version its image
+names against this node's binaries, and whether its rollout is done). Run
+it in the node's network namespace.
 
 Options:
   --bin-dir DIR       the runtime's CNI bin dir (default /opt/cni/bin)
@@ -42,6 +44,8 @@ Options:
   --kubeconfig PATH   the plugin's kubeconfig (default: the network's
                       ipam.store.kubeconfig, else
                       <conf dir>/sticky-macvlan.d/sticky-macvlan.kubeconfig)
+  --daemonset NS/NAME the installer DaemonSet (default
+                      kube-system/sticky-macvlan)
   --json              print the findings as JSON
 Exit code: 0 no problem, 1 warnings, 2 failures.
 ";
@@ -52,6 +56,7 @@ struct Opts {
     network: Option<String>,
     config: Option<PathBuf>,
     kubeconfig: Option<PathBuf>,
+    daemonset: String,
     json: bool,
 }
 
@@ -62,6 +67,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         network: None,
         config: None,
         kubeconfig: None,
+        daemonset: "kube-system/sticky-macvlan".into(),
         json: false,
     };
     let mut it = args.iter();
@@ -80,6 +86,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--network" => o.network = Some(v),
             "--config" => o.config = Some(v.into()),
             "--kubeconfig" => o.kubeconfig = Some(v.into()),
+            "--daemonset" if v.contains('/') => o.daemonset = v,
+            "--daemonset" => return Err(format!("--daemonset {v:?}: give NAMESPACE/NAME")),
             other => return Err(format!("unknown option {other:?}")),
         }
     }
@@ -109,8 +117,12 @@ pub fn main(args: &[String]) -> ExitCode {
 
 fn examine(o: &Opts) -> Vec<Finding> {
     let mut out = Vec::new();
+    let mut installed_version = None;
     for name in ["sticky-macvlan", "sticky-ipam"] {
         let found = installed(&o.bin_dir.join(name));
+        if let (judge::Installed::Version(v), "sticky-macvlan") = (&found, name) {
+            installed_version = Some(v.clone());
+        }
         out.push(judge::binary(
             &o.bin_dir.display().to_string(),
             name,
@@ -162,7 +174,7 @@ fn examine(o: &Opts) -> Vec<Finding> {
             .filter(|p| p.exists()),
         });
     if let Some(path) = kubeconfig {
-        out.extend(api(&path));
+        out.extend(api(&path, &o.daemonset, installed_version.as_deref()));
     }
     out
 }
@@ -345,7 +357,9 @@ fn master(conf: &NetConf) -> Finding {
 
 /// The kubeconfig, the token, RBAC and the CRDs, from the API server's
 /// own answers.
-fn api(path: &Path) -> Vec<Finding> {
+/// The API findings; with INSTALLED (the bin dir's version), the
+/// DaemonSet DS compared with it.
+fn api(path: &Path, ds: &str, installed: Option<&str>) -> Vec<Finding> {
     let shown = path.display().to_string();
     let client = match KubeClient::from_kubeconfig(path, Duration::from_secs(10)) {
         Ok(c) => c,
@@ -375,5 +389,12 @@ fn api(path: &Path) -> Vec<Finding> {
         Ok(()) => Finding::ok("crd", "the API server serves ipclaims and iplocks"),
         Err(e) => judge::api_error("crd", &server, &shown, &e),
     });
+    if let (Some(installed), Some((ns, name))) = (installed, ds.split_once('/')) {
+        out.push(judge::daemon_set(
+            ds,
+            installed,
+            &client.daemon_set(ns, name),
+        ));
+    }
     out
 }
