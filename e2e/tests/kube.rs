@@ -1300,3 +1300,49 @@ fn a_claim_object_with_a_bad_spec_is_named_not_guessed() {
     assert!(again.success, "{}", again.stdout);
     assert_claim_invariants(&api.claims());
 }
+
+/// A refusal met on several nodes at once is one Event whose count is
+/// every post: a bump that loses the race to another node's (a 409 on its
+/// resourceVersion) reads the count again, on the real kube-apiserver.
+#[test]
+fn one_event_bumped_by_three_nodes_at_once_counts_every_post() {
+    use sticky_ipam::events::{event_name, PodEvent};
+    use sticky_ipam::kube::client::KubeClient;
+    use sticky_ipam::kube::KubeApi as _;
+    const NODES: usize = 3;
+    const POSTS: usize = 4;
+    let (_topo, api) = cluster(1);
+    let event = |node: usize| PodEvent {
+        network: api.network.clone(),
+        namespace: NS.into(),
+        pod: "db-0".into(),
+        pod_uid: Some("uid-db-0".into()),
+        reason: "StickyAddressHeld",
+        message: "10.0.0.5 is held by a live pod".into(),
+        warning: true,
+        node: format!("node{node}"),
+    };
+    std::thread::scope(|scope| {
+        for node in 0..NODES {
+            let (netns, kubeconfig, event) = (&api.netns, &api.kubeconfig, event(node));
+            scope.spawn(move || {
+                sticky_e2e::enter_netns(netns);
+                let client = KubeClient::from_kubeconfig(kubeconfig, Duration::from_secs(10))
+                    .unwrap_or_else(|e| panic!("client: {e}"));
+                for _ in 0..POSTS {
+                    client
+                        .post_event(&event)
+                        .unwrap_or_else(|e| panic!("node{node}: post: {e}"));
+                }
+            });
+        }
+    });
+    let name = event_name(&event(0));
+    let (code, seen) = api.request(
+        "GET",
+        &format!("/api/v1/namespaces/{NS}/events/{name}"),
+        None,
+    );
+    assert_eq!(code, 200, "{seen}");
+    assert_eq!(seen["count"], (NODES * POSTS) as u64, "{seen}");
+}

@@ -738,23 +738,35 @@ impl KubeApi for KubeClient {
             "count event {name} on pod {}/{}",
             event.namespace, event.pod
         );
-        let seen = self
-            .bounded_by(left(), &what, api.get(&name))?
-            .map_err(|e| classify(&what, &self.server, e))?;
-        let bump = serde_json::json!({
-            // A concurrent bump makes this one a 409: the count stays a
-            // lower bound, which best effort allows.
-            "metadata": {"resourceVersion": seen.metadata.resource_version},
-            "count": seen.count.unwrap_or(1).saturating_add(1),
-            "lastTimestamp": now,
-        });
-        self.bounded_by(
-            left(),
-            &what,
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&bump)),
-        )?
-        .map(drop)
-        .map_err(|e| classify(&what, &self.server, e))
+        // Two nodes bumping the same Event at once (the same refusal seen
+        // on both): the later patch fails its resourceVersion precondition
+        // with a 409, so it reads the count again, for as long as the same
+        // deadline allows (each round one bump wins, so all get through).
+        let mut lost = None;
+        while !left().is_zero() {
+            let seen = self
+                .bounded_by(left(), &what, api.get(&name))?
+                .map_err(|e| classify(&what, &self.server, e))?;
+            let bump = serde_json::json!({
+                "metadata": {"resourceVersion": seen.metadata.resource_version},
+                "count": seen.count.unwrap_or(1).saturating_add(1),
+                "lastTimestamp": now,
+            });
+            match self.bounded_by(
+                left(),
+                &what,
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&bump)),
+            )? {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    lost = Some(classify(&what, &self.server, kube::Error::Api(s)));
+                }
+                Err(e) => return Err(classify(&what, &self.server, e)),
+            }
+        }
+        Err(lost.unwrap_or_else(|| {
+            ApiError::Unreachable(format!("{what}: no answer within {EVENT_DEADLINE:?}"))
+        }))
     }
 }
 
