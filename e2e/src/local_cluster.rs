@@ -457,6 +457,12 @@ impl LocalCluster {
                 eprintln!("cleanup: kubectl apply -f {}: {e}", path.display());
             }
         }
+        self.settle_daemonset();
+    }
+
+    /// After a cleanup changed the DaemonSet: waits (up to 3 minutes) for
+    /// its rollout, reporting rather than raising a failure.
+    pub fn settle_daemonset(&self) {
         if let Err(e) = self.try_kubectl(&[
             "-n",
             "kube-system",

@@ -2242,14 +2242,7 @@ impl Drop for DaemonSetRestore<'_> {
             "-p",
             r#"{"spec":{"template":{"spec":{"affinity":null}}}}"#,
         ]);
-        let _ = self.0.try_kubectl(&[
-            "-n",
-            "kube-system",
-            "rollout",
-            "status",
-            "daemonset/sticky-macvlan",
-            "--timeout=180s",
-        ]);
+        self.0.settle_daemonset();
     }
 }
 
@@ -2693,37 +2686,46 @@ fn import_host_local_moves_a_running_node_into_the_kubernetes_store() {
         "{again}"
     );
 
-    // The switch: the NAD now names us, on the kubernetes store.
-    c.apply(&migration_nad(
-        &ns,
-        "sticky-macvlan",
-        "sticky-ipam",
-        "172.31.77.0/24",
-    ));
-    c.apply(&pinned_pod(&ns, "new-0", &node, "migr"));
-    c.wait_running(&ns, "new-0", &[], 2 * MINUTE);
-    let new = c.pod_addrs(&ns, "new-0", "net1");
+    let (new, kept_ip) = switch_to_us(&c, &ns, "172.31.77.0/24", &node, &before);
+    eprintln!(
+        "import: {node} moved from host-local with 2 pods running; new-0 got {new:?}; old-0 deleted and its imported claim freed by reconcile, old-1 kept {kept_ip}"
+    );
+}
+
+/// The second half of a migration, once old-0 and old-1 (addresses in
+/// BEFORE) were imported: the NAD switched to us on the kubernetes store,
+/// a new pod on NODE gets an address no imported pod holds while the old
+/// pods keep theirs, and old-0's claim is freed by the reconcile
+/// Deployment once old-0 is deleted, old-1's kept. Returns new-0's
+/// addresses and old-1's.
+fn switch_to_us(
+    c: &LocalCluster,
+    ns: &str,
+    subnet: &str,
+    node: &str,
+    before: &BTreeMap<&str, BTreeSet<IpAddr>>,
+) -> (BTreeSet<IpAddr>, String) {
+    c.apply(&migration_nad(ns, "sticky-macvlan", "sticky-ipam", subnet));
+    c.apply(&pinned_pod(ns, "new-0", node, "migr"));
+    c.wait_running(ns, "new-0", &[], 2 * MINUTE);
+    let new = c.pod_addrs(ns, "new-0", "net1");
     assert!(
         before.values().all(|a| a.is_disjoint(&new)),
         "new-0 got {new:?}, an imported address: {before:?}"
     );
-    for p in old {
-        assert_eq!(
-            c.pod_addrs(&ns, p, "net1"),
-            before[p],
-            "{p} kept its address"
-        );
+    for (p, had) in before {
+        assert_eq!(&c.pod_addrs(ns, p, "net1"), had, "{p} kept its address");
     }
 
-    let _reconcile = ReconcileDeployment::every(&c, 3);
-    c.kubectl(&["-n", &ns, "delete", "pod", "old-0", "--wait=true"]);
+    let _reconcile = ReconcileDeployment::every(c, 3);
+    c.kubectl(&["-n", ns, "delete", "pod", "old-0", "--wait=true"]);
     let gone_ip = before["old-0"].iter().next().expect("address").to_string();
     let kept_ip = before["old-1"].iter().next().expect("address").to_string();
     c.wait(
         "old-0's imported claim freed by reconcile",
         2 * MINUTE,
         || {
-            let ips = migr_claim_ips(&c);
+            let ips = migr_claim_ips(c);
             if !ips.contains(&gone_ip) && ips.contains(&kept_ip) {
                 Ok(())
             } else {
@@ -2731,9 +2733,7 @@ fn import_host_local_moves_a_running_node_into_the_kubernetes_store() {
             }
         },
     );
-    eprintln!(
-        "import: {node} moved from host-local with 2 pods running; new-0 got {new:?}; old-0 deleted and its imported claim freed by reconcile, old-1 kept {kept_ip}"
-    );
+    (new, kept_ip)
 }
 
 /// The same switch from Whereabouts v0.9, cluster-wide: its IPPool's
@@ -2802,31 +2802,7 @@ fn import_whereabouts_moves_a_range_into_the_kubernetes_store() {
     let again = import();
     assert!(again.contains("2 were imported before"), "{again}");
 
-    c.apply(&migration_nad(&ns, "sticky-macvlan", "sticky-ipam", subnet));
-    c.apply(&pinned_pod(&ns, "new-0", &nodes[1], "migr"));
-    c.wait_running(&ns, "new-0", &[], 2 * MINUTE);
-    let new = c.pod_addrs(&ns, "new-0", "net1");
-    assert!(
-        before.values().all(|a| a.is_disjoint(&new)),
-        "new-0 got {new:?}, an imported address: {before:?}"
-    );
-
-    let _reconcile = ReconcileDeployment::every(&c, 3);
-    c.kubectl(&["-n", &ns, "delete", "pod", "old-0", "--wait=true"]);
-    let gone_ip = before["old-0"].iter().next().expect("address").to_string();
-    let kept_ip = before["old-1"].iter().next().expect("address").to_string();
-    c.wait(
-        "old-0's imported claim freed by reconcile",
-        2 * MINUTE,
-        || {
-            let ips = migr_claim_ips(&c);
-            if !ips.contains(&gone_ip) && ips.contains(&kept_ip) {
-                Ok(())
-            } else {
-                Err(format!("claims of migr: {ips:?}"))
-            }
-        },
-    );
+    let (new, kept_ip) = switch_to_us(&c, &ns, subnet, &nodes[1], &before);
     eprintln!(
         "import: Whereabouts range {subnet} adopted with 2 pods running; new-0 got {new:?}; old-0 deleted and its claim freed by reconcile, old-1 kept {kept_ip}"
     );

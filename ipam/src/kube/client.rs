@@ -341,8 +341,6 @@ impl KubeClient {
         }
     }
 
-    /// Whether the IPClaim and IPLock resources are served: a one-object
-    /// listing of each, whose 404 names the missing CRD.
     /// The installer DaemonSet NAMESPACE/NAME, None when it does not exist
     /// (for `doctor`; the installer's Role grants this one get).
     pub fn daemon_set(
@@ -372,6 +370,8 @@ impl KubeClient {
         }))
     }
 
+    /// Whether the IPClaim and IPLock resources are served: a one-object
+    /// listing of each, whose 404 names the missing CRD.
     pub fn resources_served(&self) -> ApiResult<()> {
         let lp = ListParams::default().limit(1);
         let what = "list ipclaims";

@@ -262,7 +262,7 @@ impl<'a> KubeStore<'a> {
                     identity: after.identity.clone(),
                     created: now_secs(),
                     uid: None,
-                    node: after.holder.as_ref().map(|h| h.node.clone()),
+                    node: writer(after).map(str::to_string),
                 })
                 .map_err(|e| {
                     if matches!(e, ApiError::Conflict(_)) {
