@@ -516,21 +516,29 @@ impl LocalCluster {
         self.wait(
             "no sticky-macvlan installer pod left",
             Duration::from_secs(120),
-            || {
-                let pods = self.json(&[
-                    "-n",
-                    "kube-system",
-                    "get",
-                    "pods",
-                    "-l",
-                    "app.kubernetes.io/name=sticky-macvlan",
-                ]);
-                match pods["items"].as_array().map(Vec::len) {
-                    Some(0) => Ok(()),
-                    other => Err(format!("{other:?} pods")),
-                }
+            || match self.installer_pods(None) {
+                Some(0) => Ok(()),
+                n => Err(format!("{n:?} pods")),
             },
         );
+    }
+
+    /// How many sticky-macvlan installer pods exist (on NODE, if given);
+    /// None for a listing without items.
+    pub fn installer_pods(&self, node: Option<&str>) -> Option<usize> {
+        let mut args = vec![
+            "-n".to_string(),
+            "kube-system".into(),
+            "get".into(),
+            "pods".into(),
+            "-l".into(),
+            "app.kubernetes.io/name=sticky-macvlan".into(),
+        ];
+        if let Some(node) = node {
+            args.extend(["--field-selector".into(), format!("spec.nodeName={node}")]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.json(&args)["items"].as_array().map(Vec::len)
     }
 
     /// The previous release `scripts/cluster.sh build` made from this

@@ -2300,21 +2300,9 @@ fn the_plugins_token_outlives_the_installer_pod_through_a_daemonset_rollout() {
     c.wait(
         "no installer pod left on the spared node",
         2 * MINUTE,
-        || {
-            let pods = c.json(&[
-                "-n",
-                "kube-system",
-                "get",
-                "pods",
-                "-l",
-                "app.kubernetes.io/name=sticky-macvlan",
-                "--field-selector",
-                &format!("spec.nodeName={spared}"),
-            ]);
-            match pods["items"].as_array().map(Vec::len) {
-                Some(0) => Ok(()),
-                other => Err(format!("{other:?} installer pods on {spared}")),
-            }
+        || match c.installer_pods(Some(&spared)) {
+            Some(0) => Ok(()),
+            n => Err(format!("{n:?} installer pods on {spared}")),
         },
     );
     let mut all = BTreeSet::new();
