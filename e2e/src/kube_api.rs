@@ -809,7 +809,7 @@ impl KubeApi {
                                 identity: claim.identity.clone(),
                                 created: claim.created,
                                 uid: None,
-                                node: claim.holder.as_ref().map(|h| h.node.clone()),
+                                node: claim.holder_node().map(str::to_string),
                             })
                             .unwrap_or_else(|e| panic!("seed the IPLock of {}: {e}", claim.ip));
                         client

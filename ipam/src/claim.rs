@@ -168,6 +168,12 @@ pub struct Claim {
 }
 
 impl Claim {
+    /// The node of its holder: the node that writes the claim (None for
+    /// an unheld claim, which only the CLI's operator commands write).
+    pub fn holder_node(&self) -> Option<&str> {
+        self.holder.as_ref().map(|h| h.node.as_str())
+    }
+
     pub fn held_by(&self, container_id: &str, ifname: &str) -> bool {
         self.holder
             .as_ref()

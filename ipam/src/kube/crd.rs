@@ -293,7 +293,7 @@ pub fn to_object(obj: &ClaimObject) -> IPClaim {
             }
             .into(),
             pod: c.holder.as_ref().and_then(Holder::pod),
-            node: c.holder.as_ref().map(|h| h.node.clone()),
+            node: c.holder_node().map(str::to_string),
             holder: c.holder.clone(),
             updated: c.updated,
             conditions: conditions(c),

@@ -110,12 +110,6 @@ fn orphan_claim(lock: &LockObject) -> Claim {
     }
 }
 
-/// The node that writes CLAIM: its holder's (None for an unheld claim,
-/// which only the CLI's operator commands write).
-fn writer(claim: &Claim) -> Option<&str> {
-    claim.holder.as_ref().map(|h| h.node.as_str())
-}
-
 impl<'a> KubeStore<'a> {
     pub fn new(
         api: &'a dyn KubeApi,
@@ -262,7 +256,7 @@ impl<'a> KubeStore<'a> {
                     identity: after.identity.clone(),
                     created: now_secs(),
                     uid: None,
-                    node: writer(after).map(str::to_string),
+                    node: after.holder_node().map(str::to_string),
                 })
                 .map_err(|e| {
                     if matches!(e, ApiError::Conflict(_)) {
@@ -296,7 +290,7 @@ impl<'a> KubeStore<'a> {
                         .flatten()
                         .is_some_and(|o| o.claim.ip == ip);
                 if !adopted && !adopted_by_other && !maybe_made {
-                    self.unlock(ip, &after.identity, writer(after));
+                    self.unlock(ip, &after.identity, after.holder_node());
                 }
                 Err(e.into())
             }
@@ -395,7 +389,8 @@ impl<'a> KubeStore<'a> {
                         self.remember(obj);
                     }
                 }
-                self.remove(before, after.as_ref().and_then(writer).or(writer(before)))?;
+                let writer = after.as_ref().and_then(Claim::holder_node);
+                self.remove(before, writer.or(before.holder_node()))?;
                 match after {
                     Some(after) => self.create(after),
                     None => Ok(()),
