@@ -21,6 +21,7 @@ fn claim(ip: &str, identity: &str, namespace: &str, holder: Option<Holder>) -> C
         namespace: Some(namespace.into()),
         created: 1,
         updated: 1,
+        unconfirmed: None,
     }
 }
 

@@ -165,9 +165,38 @@ pub struct Claim {
     pub namespace: Option<String>,
     pub created: u64,
     pub updated: u64,
+    /// Set while the wire has not confirmed the address since a holder was
+    /// released or displaced by a judgement (I7): such a grant is probed
+    /// before it is bound, and the mark is cleared only once a probe heard
+    /// nobody (`engine::plan_confirm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unconfirmed: Option<Unconfirmed>,
+}
+
+/// Why a claim's address may still be live on the wire for someone else:
+/// its holder was released, or taken over, on a judgement (liveness,
+/// reconcile, GC, an operator's release, a takeover whose probe has not
+/// passed yet) rather than by its own DEL of a confirmed grant. A verdict
+/// can be wrong (a partitioned node whose pod was force-deleted); the wire
+/// is the last witness (design brief, invariant 6).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Unconfirmed {
+    /// When the judgement was made (seconds since the epoch).
+    pub since: u64,
+    /// Who was released or displaced, by what, and why.
+    pub why: String,
 }
 
 impl Claim {
+    /// A claim kept only so that its address is probed before it is bound
+    /// again: no holder, not reserved for its identity, and released on a
+    /// judgement. It binds no namespace and is reclaimed like any dead
+    /// dynamic claim when the pool runs out.
+    pub fn is_tombstone(&self) -> bool {
+        self.holder.is_none() && !self.sticky && self.unconfirmed.is_some()
+    }
+
     /// The node of its holder: the node that writes the claim (None for
     /// an unheld claim, which only the CLI's operator commands write).
     pub fn holder_node(&self) -> Option<&str> {

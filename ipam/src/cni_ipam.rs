@@ -14,7 +14,9 @@ use crate::addr::parse_ip_maybe_cidr;
 use crate::backend::Backend;
 use crate::claim::{now_secs, Holder};
 use crate::config::{IpamConfig, StoreKind};
-use crate::engine::{plan_add, plan_degraded, plan_del, plan_gc, plan_undo, AddRequest, Grant};
+use crate::engine::{
+    plan_add, plan_confirm, plan_degraded, plan_del, plan_gc, plan_undo, AddRequest, Grant,
+};
 use crate::events::{self, GrantNote, PodEvent};
 use crate::identity::{self, Identity};
 use crate::kube::{ApiError, KubeApi};
@@ -71,7 +73,9 @@ pub struct PreparedAdd {
 pub struct Granted {
     pub output: CniOutput,
     committed: Plan,
-    origins: Vec<(IpAddr, Origin)>,
+    /// Each address's origin, and whether its claim carries the
+    /// `unconfirmed` mark (`wire::needs_wire_check`).
+    origins: Vec<(IpAddr, Origin, bool)>,
     identity: Identity,
     /// What the pod is told once the ADD succeeded (`StickyIpam::announce`).
     events: Vec<PodEvent>,
@@ -171,16 +175,17 @@ impl StickyIpam {
         granted
             .origins
             .iter()
-            .filter(|(_, origin)| {
+            .filter(|(_, origin, unconfirmed)| {
                 needs_wire_check(
                     origin,
+                    *unconfirmed,
                     &granted.identity,
                     scope,
                     &self.node.node,
                     probe_fresh,
                 )
             })
-            .map(|(ip, _)| *ip)
+            .map(|(ip, _, _)| *ip)
             .collect()
     }
 
@@ -323,14 +328,44 @@ impl StickyIpam {
         Ok(Granted {
             output: self.output(&grants),
             committed: plan,
-            origins: grants.iter().map(|g| (g.ip, g.origin.clone())).collect(),
+            origins: grants
+                .iter()
+                .map(|g| (g.ip, g.origin.clone(), g.unconfirmed))
+                .collect(),
             identity: req.identity,
             events: events::for_grants(&req.holder, &self.conf.network, &notes),
         })
     }
 
-    /// Tells the pod what its successful ADD took from whom (Events).
-    pub fn announce(&self, granted: &Granted) {
+    /// The ADD succeeded, its addresses confirmed on the wire: clears the
+    /// `unconfirmed` marks of the claims it holds (one write each, only on
+    /// a takeover or a grant of what a judgement freed), then tells the pod
+    /// what it took from whom (Events). A mark left by a failed write only
+    /// costs the address's next grant a probe.
+    pub fn succeeded(&mut self, granted: &Granted) {
+        let marked: Vec<IpAddr> = granted
+            .origins
+            .iter()
+            .filter(|(_, _, unconfirmed)| *unconfirmed)
+            .map(|(ip, _, _)| *ip)
+            .collect();
+        if !marked.is_empty() {
+            let (cid, ifname) = (self.at.container_id.clone(), self.at.ifname.clone());
+            let outcome = self.with_store(
+                true,
+                "the mark stays, and the next grant probes the address again",
+                |s| Ok((plan_confirm(s, &marked, &cid, &ifname)?, ())),
+            );
+            if let Err(e) = outcome {
+                cni::log::warn(&format!(
+                    "network {:?}: could not record that the wire confirmed {}: {}; the next grant of {} probes it again",
+                    self.conf.network,
+                    list_ips(&marked),
+                    e.msg,
+                    if marked.len() == 1 { "it" } else { "them" }
+                ));
+            }
+        }
         self.post_events(&granted.events);
     }
 
@@ -439,7 +474,7 @@ impl StickyIpam {
         if done.is_empty() {
             return Ok(());
         }
-        self.with_store(true, |s| {
+        self.with_store(true, LEFT_FOR_LIVENESS, |s| {
             let undo = plan_undo(s, &done)?;
             Ok((undo, ()))
         })
@@ -448,10 +483,12 @@ impl StickyIpam {
 
     /// Runs a release-like operation (`plan` then commit, retried) on the
     /// configured store. On the kubernetes store an unreachable API is not
-    /// an error: the holder's claim is later found dead by liveness.
+    /// an error: `left` says what becomes of the claim then (a holder's
+    /// claim is later found dead by liveness).
     fn with_store<T>(
         &mut self,
         release: bool,
+        left: &str,
         plan: impl FnMut(&mut dyn ClaimStore) -> PlanResult<(Plan, T)>,
     ) -> CniResult<Option<(Plan, T)>> {
         let network = self.conf.network.clone();
@@ -461,7 +498,7 @@ impl StickyIpam {
         match with_retries(&mut store, "release", plan) {
             Err(PlanError::Store(StoreError::Unreachable(why))) if self.backend.is_kube() => {
                 cni::log::warn(&format!(
-                    "network {network:?}: {}; the claim is left for liveness to release",
+                    "network {network:?}: {}; {left}",
                     api_unreachable(&why)
                 ));
                 Ok(None)
@@ -472,7 +509,7 @@ impl StickyIpam {
 
     pub fn del(&mut self) -> CniResult<()> {
         let (cid, ifname) = (self.at.container_id.clone(), self.at.ifname.clone());
-        let done = self.with_store(true, |s| {
+        let done = self.with_store(true, LEFT_FOR_LIVENESS, |s| {
             let plan = plan_del(s, &cid, &ifname, now_secs())?;
             Ok((plan, ()))
         })?;
@@ -514,7 +551,7 @@ impl StickyIpam {
 
     pub fn check(&mut self) -> CniResult<()> {
         let (cid, ifname) = (self.at.container_id.clone(), self.at.ifname.clone());
-        let held = match self.with_store(false, |s| {
+        let held = match self.with_store(false, LEFT_FOR_LIVENESS, |s| {
             let held = s.claims_of_holder(&cid, &ifname)?;
             Ok((Plan::default(), held))
         })? {
@@ -566,13 +603,23 @@ impl StickyIpam {
     pub fn gc(&mut self, keep: &[(String, String)]) -> CniResult<()> {
         let keep: BTreeSet<(String, String)> = keep.iter().cloned().collect();
         let node = self.node.node.clone();
-        if let Some((plan, ())) =
-            self.with_store(true, |s| Ok((plan_gc(s, &node, &keep, now_secs())?, ())))?
-        {
+        if let Some((plan, ())) = self.with_store(true, LEFT_FOR_LIVENESS, |s| {
+            Ok((plan_gc(s, &node, &keep, now_secs())?, ()))
+        })? {
             if !plan.is_empty() {
                 cni::log::info(&format!("GC released {} claims", plan.changes.len()));
             }
         }
         Ok(())
     }
+}
+
+/// What becomes of a claim whose release the API did not answer.
+const LEFT_FOR_LIVENESS: &str = "the claim is left for liveness to release";
+
+fn list_ips(ips: &[IpAddr]) -> String {
+    ips.iter()
+        .map(IpAddr::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }

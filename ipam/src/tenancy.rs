@@ -99,6 +99,7 @@ mod tests {
             namespace: namespace.map(str::to_string),
             created: 0,
             updated: 0,
+            unconfirmed: None,
         }
     }
 

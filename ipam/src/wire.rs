@@ -1,16 +1,22 @@
 //! Which granted addresses the wire must confirm before they are bound
 //! (ARP probe for IPv4, duplicate address detection for IPv6).
 //!
-//! The rule: every grant the store cannot prove free everywhere the
-//! address could be in use is probed. A node-local store (`file`) sees
-//! only its own node, so it proves nothing about a sticky identity's
-//! address: another node's store may have handed the same reservation or
-//! configured identity to a pod that is alive right now. The cluster-wide
-//! store proves a fresh or unheld claim free, but not that a holder it
-//! judged dead has really left the wire (a partitioned node). Dynamic
-//! fresh allocations on a node-local store keep host-local's contract
-//! (each node is configured with its own range) and are not probed unless
-//! `probe.fresh` says so.
+//! The rule (I7): every grant the store cannot prove free everywhere the
+//! address could be in use is probed. A store proves an address free only
+//! when nobody held it, or its holder released it with its own DEL of a
+//! confirmed grant; whatever a judgement freed (a liveness verdict,
+//! reconcile, CNI GC, an operator's release, retirement, a takeover whose
+//! probe never ran) carries the claim's `unconfirmed` mark and is probed,
+//! on both stores, sticky or dynamic, whatever its origin. A node-local
+//! store (`file`) sees only its own node, so it proves nothing about a
+//! sticky identity's address: another node's store may have handed the
+//! same reservation or configured identity to a pod that is alive right
+//! now. A takeover from a holder judged dead is always probed (a
+//! partitioned node), and so is degraded mode's grant from the node-local
+//! record (another node may have taken the address over meanwhile).
+//! Dynamic fresh allocations on a node-local store keep host-local's
+//! contract (each node is configured with its own range) and are not
+//! probed unless `probe.fresh` says so.
 
 use crate::claim::Holder;
 use crate::identity::{Identity, IdentitySource};
@@ -39,6 +45,10 @@ pub enum Origin {
     SamePod { node: String },
     /// Taken from another pod's holder that liveness judged dead.
     TakenOver,
+    /// Served from the node-local record while the API did not answer
+    /// (degraded mode): the record cannot know whether another node took
+    /// the address over since.
+    Recorded,
 }
 
 impl Origin {
@@ -75,15 +85,20 @@ fn one_pod_at_a_time(source: IdentitySource) -> bool {
 }
 
 /// Whether a grant must be confirmed on the wire before it is bound.
-/// `probe_fresh` is the `probe.fresh` option: probe everything the caller
-/// did not already hold.
+/// `unconfirmed`: the claim carries the mark of a judgement the wire has
+/// not confirmed. `probe_fresh` is the `probe.fresh` option: probe
+/// everything the caller did not already hold.
 pub fn needs_wire_check(
     origin: &Origin,
+    unconfirmed: bool,
     identity: &Identity,
     scope: StoreScope,
     this_node: &str,
     probe_fresh: bool,
 ) -> bool {
+    if unconfirmed {
+        return true;
+    }
     match origin {
         // Our own address: it is on our own (leftover) link if anywhere.
         Origin::SameAttachment => false,
@@ -93,7 +108,7 @@ pub fn needs_wire_check(
             StoreScope::Cluster => false,
             StoreScope::Node => !(node == this_node && one_pod_at_a_time(identity.source)),
         },
-        Origin::TakenOver => true,
+        Origin::TakenOver | Origin::Recorded => true,
         Origin::Fresh | Origin::Unheld => {
             probe_fresh || (scope == StoreScope::Node && identity.sticky)
         }
@@ -164,7 +179,8 @@ mod tests {
         use StoreScope::*;
         let here = || Origin::SamePod { node: "n1".into() };
         let there = || Origin::SamePod { node: "n2".into() };
-        // (origin, identity source, scope, probe.fresh, probed?)
+        // (origin, identity source, scope, probe.fresh, probed?) for a
+        // claim without the `unconfirmed` mark.
         let cases: Vec<(Origin, IdentitySource, StoreScope, bool, bool)> = vec![
             // A node-local store proves no sticky address free.
             (Origin::Fresh, ArgsCni, Node, false, true),
@@ -176,7 +192,8 @@ mod tests {
             // Dynamic fresh addresses keep host-local's contract.
             (Origin::Fresh, Container, Node, false, false),
             (Origin::Fresh, Container, Node, true, true),
-            // The cluster-wide store proves fresh and unheld claims free.
+            // The cluster-wide store proves free what nobody held, and what
+            // its holder released with its own DEL (no mark).
             (Origin::Fresh, ArgsCni, Cluster, false, false),
             (Origin::Unheld, StatefulSet, Cluster, false, false),
             (Origin::Fresh, Container, Cluster, false, false),
@@ -185,6 +202,9 @@ mod tests {
             (Origin::TakenOver, ArgsCni, Node, false, true),
             (Origin::TakenOver, StatefulSet, Cluster, false, true),
             (Origin::TakenOver, Container, Node, false, true),
+            // Degraded mode's record may be stale: always probed.
+            (Origin::Recorded, StatefulSet, Cluster, false, true),
+            (Origin::Recorded, PodName, Cluster, false, true),
             // The same attachment retrying: its own address.
             (Origin::SameAttachment, ArgsCni, Node, true, false),
             (Origin::SameAttachment, Container, Cluster, true, false),
@@ -200,9 +220,16 @@ mod tests {
         ];
         for (origin, source, scope, fresh, want) in cases {
             assert_eq!(
-                needs_wire_check(&origin, &identity(source), scope, "n1", fresh),
+                needs_wire_check(&origin, false, &identity(source), scope, "n1", fresh),
                 want,
                 "{origin:?} {source:?} {scope:?} fresh={fresh}"
+            );
+            // Whatever a judgement freed is probed, whatever the origin: an
+            // unheld sticky claim reconcile released, a dynamic tombstone, a
+            // retried ADD whose takeover never reached its probe.
+            assert!(
+                needs_wire_check(&origin, true, &identity(source), scope, "n1", fresh),
+                "{origin:?} {source:?} {scope:?} fresh={fresh} with the mark"
             );
         }
     }

@@ -164,7 +164,7 @@ pub fn add(
                 let (result, unproven) = (allocation.result.clone(), allocation.unproven.clone());
                 match attach.l3(nl, result, &unproven) {
                     Ok(answer) => {
-                        ipam.announce(&allocation);
+                        ipam.succeeded(&allocation);
                         Ok(answer)
                     }
                     Err(e) => {

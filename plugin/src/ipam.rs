@@ -60,9 +60,11 @@ pub trait Ipam {
     fn add(&mut self, prepared: Prepared, probe_fresh: bool) -> CniResult<Allocation>;
     /// Undoes `allocation` after a later step of ADD failed.
     fn undo_add(&mut self, allocation: Allocation) -> CniResult<()>;
-    /// The ADD succeeded with `allocation`: tell the pod what the IPAM
-    /// took from whom (sticky-ipam's Events). Best effort.
-    fn announce(&mut self, _allocation: &Allocation) {}
+    /// The ADD succeeded with `allocation`, its unproven addresses
+    /// confirmed on the wire: sticky-ipam records that confirmation (the
+    /// claims' `unconfirmed` marks go) and tells the pod what it took from
+    /// whom (Events). Best effort.
+    fn succeeded(&mut self, _allocation: &Allocation) {}
     /// A later step refused the ADD (the wire answered): tell the pod.
     /// Best effort.
     fn report_refusal(&mut self, _err: &CniError) {}
@@ -121,9 +123,9 @@ impl Ipam for StickyIpam {
             Undo::Delete => self.del(),
         }
     }
-    fn announce(&mut self, allocation: &Allocation) {
+    fn succeeded(&mut self, allocation: &Allocation) {
         if let Undo::Restore(granted) = &allocation.undo {
-            StickyIpam::announce(self, granted);
+            StickyIpam::succeeded(self, granted);
         }
     }
     fn report_refusal(&mut self, err: &CniError) {

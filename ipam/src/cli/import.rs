@@ -67,6 +67,7 @@ impl Adoptee {
             }),
             created: now,
             updated: now,
+            unconfirmed: None,
         }
     }
 }

@@ -600,7 +600,7 @@ fn release(opts: &Opts) -> CniResult<()> {
     let mut store = backend.open(&network, vec![])?;
     let force = opts.flag("--force");
     let (_, released) = with_retries(&mut store, "release", |s| {
-        plan_release(s, inspector.as_ref(), &network, &target, force)
+        plan_release(s, inspector.as_ref(), &network, &target, force, now_secs())
     })?;
     for c in &released {
         println!(
@@ -710,7 +710,7 @@ fn sweep(
         }
         if retire {
             let swept = with_retries(&mut store, "retire", |s| {
-                let (plan, out) = plan_retire(s, inspector.as_ref())?;
+                let (plan, out) = plan_retire(s, inspector.as_ref(), now_secs())?;
                 Ok((plan, (out, 0)))
             });
             match sweep_outcome(swept, network, "retired")? {

@@ -6,7 +6,7 @@ use cni::{code, CniError, Refusal};
 
 use super::{AddRequest, Grant};
 use crate::addr::{from_u128, to_u128, Family};
-use crate::claim::{Claim, Holder};
+use crate::claim::{Claim, Holder, Unconfirmed};
 use crate::config::{IpamConfig, Range, RangeSet};
 use crate::liveness::{Inspector, Verdict};
 use crate::store::{Change, ClaimStore, Plan, PlanError, PlanResult, StoreError};
@@ -35,6 +35,14 @@ impl Planner<'_> {
         if holder.is(&self.req.holder.container_id, &self.req.holder.ifname) {
             return Ok(None);
         }
+        // The same sandbox on another interface is alive by definition: it
+        // is the caller's own pod, attaching this network a second time.
+        if holder.container_id == self.req.holder.container_id {
+            return Err(PlanError::Refused(CniError::invalid_config(format!(
+                "{} on network {:?} is already held by interface {} of this pod sandbox for identity {:?}: an identity has one address per family on a network, so the network cannot be attached twice under one identity; give the second attachment its own identity (\"cni-args\": {{\"identity\": \"...\"}} in the pod's network selection) or attach the network once",
+                claim.ip, self.conf.network, holder.ifname, claim.identity
+            ))));
+        }
         match self.inspector.verdict(holder, Some(&self.req.caller)) {
             Verdict::Dead(why) => Ok(Some(format!(
                 "took {} over from {}: {why}",
@@ -51,7 +59,7 @@ impl Planner<'_> {
         }
     }
 
-    fn new_claim(&self, ip: IpAddr) -> Claim {
+    fn new_claim(&self, ip: IpAddr, unconfirmed: Option<Unconfirmed>) -> Claim {
         Claim {
             ip,
             identity: self.req.identity.key.clone(),
@@ -61,6 +69,26 @@ impl Planner<'_> {
             namespace: self.req.holder.pod_namespace.clone(),
             created: self.req.now,
             updated: self.req.now,
+            unconfirmed,
+        }
+    }
+
+    /// What the claim granted from `previous` records about the wire: a
+    /// takeover from another pod's holder is a judgement the probe has yet
+    /// to confirm; otherwise the previous claim's own mark carries over
+    /// until a probe clears it (`plan_confirm`).
+    fn mark(
+        &self,
+        previous: &Claim,
+        origin: &Origin,
+        took_over: Option<&String>,
+    ) -> Option<Unconfirmed> {
+        match (origin, took_over) {
+            (Origin::TakenOver, Some(note)) => Some(Unconfirmed {
+                since: self.req.now,
+                why: note.clone(),
+            }),
+            _ => previous.unconfirmed.clone(),
         }
     }
 
@@ -89,6 +117,8 @@ impl Planner<'_> {
     /// The identity's existing claim in a set: rebind it to the caller.
     fn keep(&mut self, set: &RangeSet, claim: &Claim) -> PlanResult<Grant> {
         let took_over = self.takeable(claim)?;
+        let origin = self.origin_of(claim.holder.as_ref());
+        let unconfirmed = self.mark(claim, &origin, took_over.as_ref());
         // A retried ADD by the same attachment writes nothing.
         // A claim stored before namespaces were recorded binds now.
         let namespace = claim
@@ -99,7 +129,8 @@ impl Planner<'_> {
             && claim.holder.as_ref().map(|h| &h.netns) == Some(&self.req.holder.netns)
             && claim.sticky == self.req.identity.sticky
             && claim.owner == self.req.identity.owner
-            && claim.namespace == namespace;
+            && claim.namespace == namespace
+            && claim.unconfirmed == unconfirmed;
         if !unchanged {
             self.plan.changes.push(Change {
                 before: Some(claim.clone()),
@@ -109,6 +140,7 @@ impl Planner<'_> {
                     owner: self.req.identity.owner.clone(),
                     namespace,
                     updated: self.req.now,
+                    unconfirmed: unconfirmed.clone(),
                     ..claim.clone()
                 }),
             });
@@ -118,8 +150,9 @@ impl Planner<'_> {
             ip: claim.ip,
             range: self.range_of(set, claim.ip),
             displaced: took_over.as_ref().and(claim.holder.clone()),
-            origin: self.origin_of(claim.holder.as_ref()),
+            origin,
             took_over,
+            unconfirmed: unconfirmed.is_some(),
         })
     }
 
@@ -140,22 +173,28 @@ impl Planner<'_> {
             took_over = self.takeable(other)?;
         }
         let displaced = existing.as_ref().and_then(|c| c.holder.clone());
-        let origin = match &existing {
-            None => Origin::Fresh,
-            Some(c) => self.origin_of(c.holder.as_ref()),
+        let (origin, unconfirmed) = match &existing {
+            None => (Origin::Fresh, None),
+            Some(c) => {
+                let origin = self.origin_of(c.holder.as_ref());
+                let mark = self.mark(c, &origin, took_over.as_ref());
+                (origin, mark)
+            }
         };
-        self.plan.changes.push(Change {
-            before: existing,
-            after: Some(self.new_claim(ip)),
-        });
-        Ok(Grant {
+        let grant = Grant {
             reclaimed: false,
             ip,
             range: self.range_of(set, ip),
             displaced: took_over.as_ref().and(displaced),
             took_over,
             origin,
-        })
+            unconfirmed: unconfirmed.is_some(),
+        };
+        self.plan.changes.push(Change {
+            before: existing,
+            after: Some(self.new_claim(ip, unconfirmed)),
+        });
+        Ok(grant)
     }
 
     fn is_allocatable(&self, range: &Range, ip: IpAddr) -> bool {
@@ -182,7 +221,7 @@ impl Planner<'_> {
                 Ok(false) => {
                     self.plan.changes.push(Change {
                         before: None,
-                        after: Some(self.new_claim(ip)),
+                        after: Some(self.new_claim(ip, None)),
                     });
                     self.plan.cursors.push((index, ip));
                     return Ok(Grant {
@@ -192,6 +231,7 @@ impl Planner<'_> {
                         took_over: None,
                         displaced: None,
                         origin: Origin::Fresh,
+                        unconfirmed: false,
                     });
                 }
                 Ok(true) => {}
@@ -255,11 +295,19 @@ impl Planner<'_> {
                     h.describe(),
                     v.reason()
                 ),
-                _ => format!("reclaimed {} (pool exhausted): it had no holder", claim.ip),
+                _ => match &claim.unconfirmed {
+                    Some(u) => format!(
+                        "reclaimed {} (pool exhausted), to be confirmed on the wire: {}",
+                        claim.ip, u.why
+                    ),
+                    None => format!("reclaimed {} (pool exhausted): it had no holder", claim.ip),
+                },
             });
+            let origin = self.origin_of(claim.holder.as_ref());
+            let unconfirmed = self.mark(claim, &origin, took_over.as_ref());
             self.plan.changes.push(Change {
                 before: Some(claim.clone()),
-                after: Some(self.new_claim(claim.ip)),
+                after: Some(self.new_claim(claim.ip, unconfirmed.clone())),
             });
             self.plan.cursors.push((index, claim.ip));
             return Ok(Grant {
@@ -268,7 +316,8 @@ impl Planner<'_> {
                 range,
                 took_over,
                 displaced: claim.holder.clone(),
-                origin: self.origin_of(claim.holder.as_ref()),
+                origin,
+                unconfirmed: unconfirmed.is_some(),
             });
         }
         let size = set.size();

@@ -88,6 +88,7 @@ fn a_second_claim_of_one_identity_is_dropped_on_its_next_add() {
             namespace: None,
             created: 1,
             updated: 1,
+            unconfirmed: None,
         };
         if cid.is_empty() {
             claim.holder = None;

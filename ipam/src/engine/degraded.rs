@@ -68,7 +68,11 @@ pub fn plan_degraded(
             range,
             took_over: None,
             displaced: None,
-            origin: Origin::SamePod { node: node.into() },
+            // Probed: another node may have taken it over since the record
+            // was written (its probe heard nothing while this pod's old
+            // sandbox was down).
+            origin: Origin::Recorded,
+            unconfirmed: false,
         });
     }
     Ok((plan, grants))
@@ -93,6 +97,7 @@ mod tests {
             namespace: Some("ns".into()),
             created: 1,
             updated: 1,
+            unconfirmed: None,
         }
     }
 
@@ -158,9 +163,7 @@ mod tests {
                 (Ok((plan, grants)), Ok(ips)) => {
                     let served: Vec<String> = grants.iter().map(|g| g.ip.to_string()).collect();
                     assert_eq!(served, ips);
-                    assert!(grants
-                        .iter()
-                        .all(|g| g.origin == Origin::SamePod { node: "n1".into() }));
+                    assert!(grants.iter().all(|g| g.origin == Origin::Recorded));
                     // The holder moves to the new sandbox; nothing else changes.
                     for ch in &plan.changes {
                         let after = ch.after.as_ref().unwrap();

@@ -16,16 +16,18 @@ use crate::liveness::Caller;
 use crate::wire::Origin;
 
 mod add;
+mod confirm;
 mod degraded;
 mod release;
 #[cfg(test)]
 mod test_support;
 
 pub use add::plan_add;
+pub use confirm::plan_confirm;
 pub use degraded::plan_degraded;
 pub use release::{
-    plan_del, plan_gc, plan_reconcile, plan_release, plan_retire, plan_undo, release_holder,
-    ReleaseTarget, Released,
+    free, plan_del, plan_gc, plan_reconcile, plan_release, plan_retire, plan_undo, release_holder,
+    Release, ReleaseTarget, Released,
 };
 
 #[derive(Debug, Clone)]
@@ -54,4 +56,8 @@ pub struct Grant {
     /// Where the address came from: what decides whether the wire must
     /// confirm it (`wire::needs_wire_check`).
     pub origin: Origin,
+    /// The claim carries the `unconfirmed` mark: the address was freed or
+    /// taken on a judgement the wire has not confirmed, so it is probed
+    /// whatever its origin.
+    pub unconfirmed: bool,
 }

@@ -1,21 +1,73 @@
 //! What DEL, GC, reconcile, retirement, an operator's release and a
 //! failed ADD's undo change.
+//!
+//! Only a holder's own DEL of a confirmed grant proves its address free
+//! (I7): every other way out of a claim (a verdict, CNI GC, an operator,
+//! retirement) leaves the claim's `unconfirmed` mark, so that the next
+//! grant of the address is probed on the wire, and never deletes a claim
+//! that still has to be confirmed (`free`).
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use cni::{code, CniError};
 
-use crate::claim::Claim;
+use crate::claim::{Claim, Unconfirmed};
 use crate::liveness::{Inspector, Verdict};
 use crate::store::{Change, ClaimStore, Plan, PlanResult};
 
+/// How a holder leaves its claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release<'a> {
+    /// The holder's own DEL: proof that it left the wire, unless its own
+    /// grant was never confirmed there.
+    OwnDel,
+    /// A judgement that it is gone, by whom and why ("reconcile: pod
+    /// db/db-0 no longer exists"), which may be wrong.
+    Judged(&'a str),
+}
+
+/// The mark a judgement leaves on `claim`, or the one it already had.
+fn mark_after(claim: &Claim, now: u64, how: Release) -> Option<Unconfirmed> {
+    match (how, &claim.holder) {
+        (Release::Judged(why), Some(h)) => Some(Unconfirmed {
+            since: now,
+            why: format!("{} was released by {why}", h.describe()),
+        }),
+        _ => claim.unconfirmed.clone(),
+    }
+}
+
 /// The change that releases a claim's holder: a sticky claim stays
-/// reserved to its identity, a dynamic one frees its address.
-pub fn release_holder(claim: &Claim, now: u64) -> Change {
-    let after = claim.sticky.then(|| Claim {
+/// reserved to its identity; a dynamic one frees its address, or, when
+/// the wire has not confirmed it, stays as a tombstone (`Claim::is_tombstone`).
+pub fn release_holder(claim: &Claim, now: u64, how: Release) -> Change {
+    let unconfirmed = mark_after(claim, now, how);
+    let after = (claim.sticky || unconfirmed.is_some()).then(|| Claim {
         holder: None,
         updated: now,
+        unconfirmed,
+        ..claim.clone()
+    });
+    Change {
+        before: Some(claim.clone()),
+        after,
+    }
+}
+
+/// The change that ends a claim for its identity (an operator's release,
+/// retirement): deleted when its address is proven free; otherwise a
+/// tombstone that binds no identity, namespace or owner and keeps the
+/// address until a grant's probe confirms it.
+pub fn free(claim: &Claim, now: u64, how: Release) -> Change {
+    let unconfirmed = mark_after(claim, now, how);
+    let after = unconfirmed.is_some().then(|| Claim {
+        holder: None,
+        sticky: false,
+        owner: None,
+        namespace: None,
+        updated: now,
+        unconfirmed,
         ..claim.clone()
     });
     Change {
@@ -34,7 +86,10 @@ pub fn plan_del(
 ) -> PlanResult<Plan> {
     let held = store.claims_of_holder(container_id, ifname)?;
     Ok(Plan {
-        changes: held.iter().map(|c| release_holder(c, now)).collect(),
+        changes: held
+            .iter()
+            .map(|c| release_holder(c, now, Release::OwnDel))
+            .collect(),
         cursors: vec![],
     })
 }
@@ -56,7 +111,13 @@ pub fn plan_gc(
                 h.node == node && !keep.contains(&(h.container_id.clone(), h.ifname.clone()))
             })
         })
-        .map(|c| release_holder(c, now))
+        .map(|c| {
+            release_holder(
+                c,
+                now,
+                Release::Judged("CNI GC (the runtime no longer lists the attachment)"),
+            )
+        })
         .collect();
     Ok(Plan {
         changes,
@@ -84,8 +145,10 @@ pub fn plan_reconcile(
     let mut alive = 0;
     for claim in &listing.claims {
         let Some(holder) = &claim.holder else {
-            if !claim.sticky {
-                plan.changes.push(release_holder(claim, now));
+            // A tombstone stays until a probe confirms its address.
+            if !claim.sticky && claim.unconfirmed.is_none() {
+                plan.changes
+                    .push(release_holder(claim, now, Release::OwnDel));
                 released.push(Released {
                     ip: claim.ip,
                     identity: claim.identity.clone(),
@@ -96,7 +159,11 @@ pub fn plan_reconcile(
         };
         match inspector.verdict(holder, None) {
             Verdict::Dead(why) => {
-                plan.changes.push(release_holder(claim, now));
+                plan.changes.push(release_holder(
+                    claim,
+                    now,
+                    Release::Judged(&format!("reconcile ({why})")),
+                ));
                 released.push(Released {
                     ip: claim.ip,
                     identity: claim.identity.clone(),
@@ -116,6 +183,7 @@ pub fn plan_reconcile(
 pub fn plan_retire(
     store: &mut dyn ClaimStore,
     inspector: &dyn Inspector,
+    now: u64,
 ) -> PlanResult<(Plan, Vec<Released>)> {
     let listing = store.list()?;
     let mut plan = Plan::default();
@@ -128,15 +196,18 @@ pub fn plan_retire(
         else {
             continue;
         };
-        if let Some(h) = &claim.holder {
-            if !inspector.verdict(h, None).is_dead() {
-                continue;
-            }
+        if claim.is_tombstone() {
+            continue;
         }
-        plan.changes.push(Change {
-            before: Some(claim.clone()),
-            after: None,
-        });
+        let judged = match &claim.holder {
+            None => format!("retirement ({why})"),
+            Some(h) => match inspector.verdict(h, None) {
+                Verdict::Dead(dead) => format!("retirement ({why}; {dead})"),
+                Verdict::Alive(_) => continue,
+            },
+        };
+        plan.changes
+            .push(free(claim, now, Release::Judged(&judged)));
         out.push(Released {
             ip: claim.ip,
             identity: claim.identity.clone(),
@@ -177,6 +248,7 @@ pub fn plan_release(
     network: &str,
     target: &ReleaseTarget,
     force: bool,
+    now: u64,
 ) -> PlanResult<(Plan, Vec<Claim>)> {
     let targets: Vec<Claim> = match target {
         ReleaseTarget::Address(ip) => store.claim(*ip)?.into_iter().collect(),
@@ -215,14 +287,15 @@ pub fn plan_release(
             }
         }
     }
+    let how = Release::Judged(if force {
+        "an operator's release --force"
+    } else {
+        "an operator's release"
+    });
+    // A tombstone is released already: its address waits for a probe.
+    let targets: Vec<Claim> = targets.into_iter().filter(|c| !c.is_tombstone()).collect();
     let plan = Plan {
-        changes: targets
-            .iter()
-            .map(|c| Change {
-                before: Some(c.clone()),
-                after: None,
-            })
-            .collect(),
+        changes: targets.iter().map(|c| free(c, now, how)).collect(),
         cursors: vec![],
     };
     Ok((plan, targets))

@@ -45,13 +45,25 @@ fn retired_owners_free_their_sticky_claims_once_unheld() {
         r.identity.owner = Some(owner(set));
         add(&c, &mut s, &alive, &r).unwrap();
     }
-    let (plan, out) = plan_retire(&mut s, &alive).unwrap();
+    let (plan, out) = plan_retire(&mut s, &alive, 1).unwrap();
     // db-0's holder is alive: kept until it goes; db-1's is dead.
     assert_eq!(out.len(), 1, "{out:?}");
     assert_eq!(out[0].identity, "ns/db-1");
     assert!(out[0].why.contains("StatefulSet ns/db was deleted"));
     s.commit(&plan).unwrap();
-    assert_eq!(s.claims.len(), 2);
+    // db-1's identity is gone; its address waits for a probe.
+    let db1 = s.claims.values().find(|c| c.identity == "ns/db-1").unwrap();
+    assert!(db1.is_tombstone(), "{db1:?}");
+    assert!(db1.owner.is_none() && db1.namespace.is_none());
+    // A tombstone is not retired twice.
+    let (again, out) = plan_retire(&mut s, &alive, 2).unwrap();
+    assert!(again.is_empty() && out.is_empty(), "{out:?}");
+    // db-0's holder leaves by its own DEL: proven free, deleted outright.
+    let del = plan_del(&mut s, "a", "net1", 3).unwrap();
+    s.commit(&del).unwrap();
+    let (plan, out) = plan_retire(&mut s, &alive, 4).unwrap();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert!(plan.changes[0].after.is_none(), "{plan:?}");
 }
 
 #[test]
@@ -120,7 +132,7 @@ fn retention_keeps_or_retires_the_claims_of_scaled_and_deleted_statefulsets() {
         });
         add(&c, &mut s, &Alive(vec![]), &r).unwrap();
     }
-    let (plan, out) = plan_retire(&mut s, &Scripted).unwrap();
+    let (plan, out) = plan_retire(&mut s, &Scripted, 1).unwrap();
     let gone: Vec<&str> = out.iter().map(|r| r.identity.as_str()).collect();
     let want: Vec<&str> = cases.iter().filter(|c| c.3).map(|c| c.0).collect();
     assert_eq!(gone, want, "{out:?}");
@@ -133,7 +145,22 @@ fn retention_keeps_or_retires_the_claims_of_scaled_and_deleted_statefulsets() {
     );
     assert!(out[1].why.contains("was deleted"), "{}", out[1].why);
     s.commit(&plan).unwrap();
-    assert_eq!(s.claims.len(), 2);
+    // Their holders were judged dead, not DEL'd: each address stays as a
+    // tombstone, to be probed before it is bound again.
+    let kept: Vec<&str> = s
+        .claims
+        .values()
+        .filter(|c| !c.is_tombstone())
+        .map(|c| c.identity.as_str())
+        .collect();
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    for id in want {
+        assert!(!kept.contains(&id), "{id} retired");
+    }
+    assert!(s.claims.values().filter(|c| c.is_tombstone()).all(|c| c
+        .unconfirmed
+        .as_ref()
+        .is_some_and(|u| u.why.contains("retirement"))));
 }
 
 #[test]
@@ -145,20 +172,36 @@ fn del_gc_reconcile_and_undo() {
     add(&c, &mut s, &a, &req("dyn", false, "p2")).unwrap();
     // DEL by a stranger is a no-op.
     assert!(plan_del(&mut s, "stranger", "net1", 1).unwrap().is_empty());
-    // GC keeps p1 only: p2's dynamic claim goes.
+    // GC keeps p1 only: p2's dynamic claim is released on the runtime's
+    // word, so its address stays as a tombstone until a probe confirms it.
     let keep: BTreeSet<(String, String)> = [("p1".to_string(), "net1".to_string())].into();
     let gc = plan_gc(&mut s, "n1", &keep, 1).unwrap();
     s.commit(&gc).unwrap();
-    assert_eq!(s.claims.len(), 1);
+    let dynamic = s.claims.values().find(|c| c.identity == "dyn").unwrap();
+    assert!(dynamic.is_tombstone(), "{dynamic:?}");
+    assert!(dynamic.unconfirmed.as_ref().unwrap().why.contains("CNI GC"));
+    // Reconcile leaves a tombstone alone (deleting it would free the
+    // address unconfirmed).
+    let (plan, released, _) = plan_reconcile(&mut s, &a, 1).unwrap();
+    assert!(plan.is_empty() && released.is_empty(), "{released:?}");
+    s.claims.retain(|_, c| c.identity != "dyn");
     // GC for another node touches nothing.
     assert!(plan_gc(&mut s, "n2", &BTreeSet::new(), 1)
         .unwrap()
         .is_empty());
-    // Reconcile: p1 dies -> released but still reserved to "sticky".
+    // Reconcile: p1 dies -> released but still reserved to "sticky",
+    // marked for the wire.
     let (plan, released, alive) = plan_reconcile(&mut s, &Alive(vec![]), 1).unwrap();
     assert_eq!((released.len(), alive), (1, 0));
     s.commit(&plan).unwrap();
-    assert!(s.claims.values().next().unwrap().holder.is_none());
+    let sticky = s.claims.values().next().unwrap();
+    assert!(sticky.holder.is_none() && sticky.sticky);
+    assert!(sticky
+        .unconfirmed
+        .as_ref()
+        .unwrap()
+        .why
+        .contains("reconcile"));
     // Undo of a takeover restores the old holder exactly.
     let before = s.claims.clone();
     let (plan, _) = plan_add(&c, &mut s, &a, &req("sticky", true, "p3")).unwrap();
@@ -182,7 +225,7 @@ fn an_operator_release_is_planned_like_any_other_change() {
         .unwrap()
         .ip;
     let release = |s: &mut MemoryStore, target: &ReleaseTarget, force: bool| {
-        plan_release(s, &alive, "net", target, force).map_err(CniError::from)
+        plan_release(s, &alive, "net", target, force, 1).map_err(CniError::from)
     };
     // (target, force, released identities or the refusal's code and text)
     type Case<'a> = (ReleaseTarget, bool, Result<Vec<&'a str>, (u32, &'a str)>);
@@ -220,7 +263,14 @@ fn an_operator_release_is_planned_like_any_other_change() {
             (Ok((plan, claims)), Ok(ids)) => {
                 let released: Vec<&str> = claims.iter().map(|c| c.identity.as_str()).collect();
                 assert_eq!(released, ids, "{target:?}");
-                assert!(plan.changes.iter().all(|ch| ch.after.is_none()), "{plan:?}");
+                // Held claims (the operator's word on a holder) become
+                // tombstones whose addresses the wire confirms first.
+                assert!(
+                    plan.changes
+                        .iter()
+                        .all(|ch| ch.after.as_ref().is_some_and(Claim::is_tombstone)),
+                    "{plan:?}"
+                );
             }
             (Err(e), Err((code, says))) => {
                 assert_eq!(e.code, code, "{target:?}: {e}");

@@ -89,6 +89,13 @@ pub fn add(
     Ok(grants)
 }
 
+/// Whether the plugin probes grant `g` of request `r` on the wire before
+/// binding it, on a store of `scope` (`wire::needs_wire_check`, without
+/// `probe.fresh`).
+pub fn probed(g: &Grant, r: &AddRequest, scope: crate::wire::StoreScope) -> bool {
+    crate::wire::needs_wire_check(&g.origin, g.unconfirmed, &r.identity, scope, "n1", false)
+}
+
 pub fn ips(g: &[Grant]) -> Vec<String> {
     g.iter().map(|g| g.ip.to_string()).collect()
 }
@@ -106,8 +113,8 @@ pub fn assert_invariants(s: &MemoryStore) {
             .entry((&c.identity, Family::of(c.ip)))
             .or_default() += 1;
         assert!(
-            c.sticky || c.holder.is_some(),
-            "dynamic claim without holder: {c:?}"
+            c.sticky || c.holder.is_some() || c.is_tombstone(),
+            "dynamic claim without holder or mark: {c:?}"
         );
     }
     assert!(per_identity.values().all(|n| *n == 1), "{per_identity:?}");

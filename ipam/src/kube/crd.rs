@@ -17,7 +17,7 @@ use super::{
     LockObject, LABEL_FAMILY, LABEL_HOLDER, LABEL_IDENTITY, LABEL_NETWORK,
 };
 use crate::addr::Family;
-use crate::claim::{Claim, Holder, Owner};
+use crate::claim::{Claim, Holder, Owner, Unconfirmed};
 
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[kube(
@@ -86,7 +86,9 @@ pub struct IPLockSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IPClaimStatus {
-    /// Bound (a holder uses the address) or Reserved (sticky, no holder).
+    /// Bound (a holder uses the address), Reserved (sticky, no holder) or
+    /// Released (a holder released by a judgement; the address is probed
+    /// on the wire before it is bound again).
     pub phase: String,
     /// namespace/name of the holder's pod, for `kubectl get ipclaims`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -96,6 +98,10 @@ pub struct IPClaimStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<Holder>,
     pub updated: u64,
+    /// Set while the wire has not confirmed the address since a holder was
+    /// released or taken over on a judgement: its next grant is probed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unconfirmed: Option<Unconfirmed>,
     /// Held (an attachment uses the address) and, for a sticky claim,
     /// Reserved (the address is kept for its identity while none does).
     // Derived from the claim and written in the same PUT as it, so they
@@ -122,8 +128,21 @@ pub struct ClaimCondition {
 
 pub const PHASE_BOUND: &str = "Bound";
 pub const PHASE_RESERVED: &str = "Reserved";
+pub const PHASE_RELEASED: &str = "Released";
 
-/// The conditions of a claim: `Held` always, `Reserved` for a sticky one.
+/// The claim's phase for `kubectl get ipclaims`.
+fn phase(c: &Claim) -> &'static str {
+    if c.holder.is_some() {
+        PHASE_BOUND
+    } else if c.is_tombstone() {
+        PHASE_RELEASED
+    } else {
+        PHASE_RESERVED
+    }
+}
+
+/// The conditions of a claim: `Held` always, `Reserved` for a sticky one,
+/// `WireConfirmed` False while it carries the `unconfirmed` mark.
 fn conditions(c: &Claim) -> Vec<ClaimCondition> {
     let at = cni::log::rfc3339_seconds(c.updated);
     let condition = |type_: &str, held: bool, reason: &str, message: String| ClaimCondition {
@@ -164,6 +183,20 @@ fn conditions(c: &Claim) -> Vec<ClaimCondition> {
                     c.ip, c.identity
                 ),
             ),
+        });
+    }
+    if let Some(u) = &c.unconfirmed {
+        out.push(ClaimCondition {
+            last_transition_time: cni::log::rfc3339_seconds(u.since),
+            ..condition(
+                "WireConfirmed",
+                false,
+                "ReleasedOnJudgement",
+                format!(
+                    "{}; the next grant of {} probes the wire (ARP or DAD) before binding it",
+                    u.why, c.ip
+                ),
+            )
         });
     }
     out
@@ -286,16 +319,12 @@ pub fn to_object(obj: &ClaimObject) -> IPClaim {
             lock_uid: obj.lock_uid.clone(),
         },
         status: Some(IPClaimStatus {
-            phase: if c.holder.is_some() {
-                PHASE_BOUND
-            } else {
-                PHASE_RESERVED
-            }
-            .into(),
+            phase: phase(c).into(),
             pod: c.holder.as_ref().and_then(Holder::pod),
             node: c.holder_node().map(str::to_string),
             holder: c.holder.clone(),
             updated: c.updated,
+            unconfirmed: c.unconfirmed.clone(),
             conditions: conditions(c),
         }),
     }
@@ -324,6 +353,7 @@ pub fn from_object(o: &IPClaim) -> Result<ClaimObject, String> {
             namespace: o.spec.namespace.clone(),
             created: o.spec.created,
             updated: status.map(|s| s.updated).unwrap_or(o.spec.created),
+            unconfirmed: status.and_then(|s| s.unconfirmed.clone()),
         },
     })
 }
@@ -353,6 +383,7 @@ mod tests {
                 namespace: Some("bgp".into()),
                 created: 1,
                 updated: 2,
+                unconfirmed: None,
             },
         };
         let o = to_object(&obj);
@@ -424,6 +455,7 @@ mod tests {
             namespace: None,
             created: 1,
             updated: 1_700_000_000,
+            unconfirmed: None,
         };
         let brief = |c: &Claim| -> Vec<(String, String, String)> {
             conditions(c)

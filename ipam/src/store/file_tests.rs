@@ -33,6 +33,7 @@ fn claim(ip: &str, id: &str, holder: Option<&str>) -> Claim {
         namespace: None,
         created: 1,
         updated: 1,
+        unconfirmed: None,
     }
 }
 

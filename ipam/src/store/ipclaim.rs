@@ -107,6 +107,7 @@ fn orphan_claim(lock: &LockObject) -> Claim {
         namespace: None,
         created: lock.created,
         updated: lock.created,
+        unconfirmed: None,
     }
 }
 
@@ -1059,6 +1060,104 @@ mod tests {
         drop(stored);
         assert_eq!(api.locks.borrow()[&lock].node.as_deref(), Some("n1"));
         locks_match(&api);
+    }
+
+    /// Whether the plugin probes `g` before binding it (kubernetes store).
+    fn probed(g: &crate::engine::Grant, r: &AddRequest) -> bool {
+        crate::wire::needs_wire_check(
+            &g.origin,
+            g.unconfirmed,
+            &r.identity,
+            crate::wire::StoreScope::Cluster,
+            &r.holder.node,
+            false,
+        )
+    }
+
+    /// ADD as cni_ipam does it, returning the grants.
+    fn grants(api: &FakeApi, on: &Node, r: &AddRequest) -> Vec<crate::engine::Grant> {
+        let mut store = on.store(api);
+        let inspector = KubeInspector::new(api, node(&r.holder.node));
+        let (_, grants) = crate::store::retry::with_retries(&mut store, "ADD", |s| {
+            plan_add(&conf(), s, &inspector, r)
+        })
+        .unwrap();
+        grants
+    }
+
+    /// reconcile's sweep of the network, from a pod on no node of ours.
+    fn reconcile(api: &FakeApi) -> usize {
+        let mut store = KubeStore::new(api, "macnet", None, vec![]);
+        let inspector = KubeInspector::new(api, node("reconcile-pod"));
+        let (_, released) = crate::store::retry::with_retries(&mut store, "reconcile", |s| {
+            crate::engine::plan_reconcile(s, &inspector, 5).map(|(p, r, _)| (p, r))
+        })
+        .unwrap();
+        released.len()
+    }
+
+    /// The same pod name, re-created with a new UID on `node`.
+    fn recreated(identity: &str, pod: &str, node: &str) -> AddRequest {
+        let mut r = req(identity, true, pod, node);
+        r.holder.container_id = format!("c-{pod}-new");
+        r.holder.pod_uid = Some(format!("uid-{pod}-new"));
+        r.caller.pod_uid = r.holder.pod_uid.clone();
+        r
+    }
+
+    #[test]
+    fn a_claim_reconcile_released_is_probed_when_the_recreated_pod_takes_it() {
+        // Issue 26 item 1: db-0 runs on n1, whose API link is cut while its
+        // fabric link is up; db-0 is force-deleted and re-created on n2,
+        // whose takeover the probe refuses; reconcile then judges the old
+        // holder dead ("no longer exists") and releases the claim.
+        let api = FakeApi::default();
+        let (n1, n2) = (Node::new(), Node::new());
+        running(&api, "db-0", "n1");
+        let mut r = req("db/db-0", true, "db-0", "n1");
+        r.identity.source = IdentitySource::StatefulSet;
+        let first = grants(&api, &n1, &r);
+        api.pods.borrow_mut().remove("ns/db-0");
+        assert_eq!(reconcile(&api), 1);
+        // kubelet's next retry on n2 finds the claim unheld: it must still
+        // be probed, the old db-0 may answer on the fabric.
+        let mut again = recreated("db/db-0", "db-0", "n2");
+        again.identity.source = IdentitySource::StatefulSet;
+        api.pods.borrow_mut().insert(
+            "ns/db-0".into(),
+            PodFacts {
+                uid: "uid-db-0-new".into(),
+                node: Some("n2".into()),
+                phase: Some("Running".into()),
+                ..PodFacts::default()
+            },
+        );
+        let g = grants(&api, &n2, &again);
+        assert_eq!(g[0].ip, first[0].ip);
+        assert!(probed(&g[0], &again), "{g:?}");
+    }
+
+    #[test]
+    fn a_dynamic_address_reconcile_released_is_probed_when_it_is_handed_out_again() {
+        let api = FakeApi::default();
+        let (n1, n2) = (Node::new(), Node::new());
+        // The pool (10 addresses) held by n2's Deployment pods, whose node
+        // is cut from the API; they are force-deleted, reconcile frees them.
+        let mut held = Vec::new();
+        for i in 0..10 {
+            let pod = format!("web-{i}");
+            running(&api, &pod, "n2");
+            let key = dynamic_key(&format!("c-{pod}"), "net1");
+            held.extend(grants(&api, &n2, &req(&key, false, &pod, "n2")));
+            api.pods.borrow_mut().remove(&format!("ns/{pod}"));
+        }
+        assert_eq!(reconcile(&api), 10);
+        running(&api, "new", "n1");
+        let key = dynamic_key("c-new", "net1");
+        let r = req(&key, false, "new", "n1");
+        let g = grants(&api, &n1, &r);
+        assert!(held.iter().any(|h| h.ip == g[0].ip));
+        assert!(probed(&g[0], &r), "{g:?}");
     }
 
     #[test]

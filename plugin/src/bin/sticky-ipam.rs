@@ -61,7 +61,7 @@ fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Option<Value>> {
                         .and_then(|()| granted.output.to_json(conf.cni_version));
                 match answer {
                     Ok(json) => {
-                        ipam.announce(&granted);
+                        ipam.succeeded(&granted);
                         Ok(Some(json))
                     }
                     // Nothing may stay claimed for an address the wire

@@ -48,6 +48,7 @@ fn seed_claims(from: u32, to: u32) -> Vec<Claim> {
             namespace: Some("default".into()),
             created: now,
             updated: now,
+            unconfirmed: None,
         })
         .collect()
 }
