@@ -696,6 +696,173 @@ fn a_takeover_is_refused_while_the_old_holder_answers_on_the_fabric() {
     );
 }
 
+/// The MACs that answer ARP for ADDR on the fabric, asked from the
+/// router's namespace with iputils' arping (a few requests, 2 s at most).
+fn arp_answerers(addr: IpAddr) -> BTreeSet<String> {
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            "smc-router",
+            "arping",
+            "-c",
+            "4",
+            "-w",
+            "2",
+            "-I",
+            "eth0",
+            &addr.to_string(),
+        ])
+        .output()
+        .expect("arping in the router netns (Debian iputils-arping, scripts/deps.sh)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("reply from"))
+        .filter_map(|l| {
+            let mac = l.split('[').nth(1)?.split(']').next()?;
+            Some(mac.to_ascii_lowercase())
+        })
+        .collect()
+}
+
+#[test]
+fn a_split_brain_stays_refused_while_the_reconcile_deployment_releases_the_claim() {
+    // Issue 26 item 1, as a user runs it: the IPv4-only StatefulSet
+    // network of examples/ and the reconcile Deployment of examples/ (a 5 s
+    // interval instead of 60 s, so that it sweeps many times in the window).
+    // While the old db-0 still answers on the fabric, reconcile judges it
+    // dead and releases its claim; the replacement's next retry must still
+    // probe the address, and be refused, or the address is live twice.
+    let Some(c) =
+        cluster("a_split_brain_stays_refused_while_the_reconcile_deployment_releases_the_claim")
+    else {
+        return;
+    };
+    let ns = c.namespace("split4");
+    let ns_name = ns.name.clone();
+    let _claims = ClaimsOf {
+        c: &c,
+        ns: ns_name.clone(),
+    };
+    c.apply(
+        &c.example("nad-k8s-statefulset.yaml")
+            .replace("namespace: db", &format!("namespace: {ns_name}"))
+            .replace(
+                "\"master\": \"eth1\",",
+                "\"master\": \"eth1\", \"logFile\": \"/var/log/sticky-macvlan.log\",",
+            ),
+    );
+    c.apply(&statefulset(&ns_name, "db", 1, "fabric"));
+    let node = c.wait_running(&ns_name, "db-0", &[], 2 * MINUTE);
+    let held = c.pod_addrs(&ns_name, "db-0", "net1");
+    let [addr] = held.iter().copied().collect::<Vec<_>>()[..] else {
+        panic!("one IPv4 address on an IPv4-only network: {held:?}");
+    };
+    assert!(addr.is_ipv4(), "{addr}");
+    let first = arp_answerers(addr);
+    assert_eq!(first.len(), 1, "db-0 alone answers for {addr}: {first:?}");
+    let old_uid = uid(&c, &ns_name, "db-0");
+    let reconcile = ReconcileDeployment::every(&c, 5);
+    let mut guard = NodeGuard::new(&c, &node);
+
+    c.kubectl(&["cordon", &node]);
+    guard.cut();
+    c.kubectl(&[
+        "-n",
+        &ns_name,
+        "delete",
+        "pod",
+        "db-0",
+        "--force",
+        "--grace-period=0",
+    ]);
+    // 120 s: two dozen sweeps, and kubelet's retries of the replacement's
+    // sandbox between them.
+    let t0 = Instant::now();
+    let (mut rounds, mut doubled, mut released_at) = (0u32, Vec::new(), None);
+    while t0.elapsed() < 2 * MINUTE {
+        let answerers = arp_answerers(addr);
+        rounds += 1;
+        if answerers.len() > 1 {
+            doubled.push(format!(
+                "{:.0} s: {answerers:?}",
+                t0.elapsed().as_secs_f64()
+            ));
+        }
+        let claim = c.ipclaims().into_iter().find(|k| {
+            k["spec"]["network"] == "fabric" && k["spec"]["ip"] == addr.to_string().as_str()
+        });
+        let why = claim
+            .as_ref()
+            .and_then(|k| k["status"]["unconfirmed"]["why"].as_str().map(String::from));
+        if released_at.is_none() && why.as_deref().is_some_and(|w| w.contains("reconcile")) {
+            released_at = Some(t0.elapsed().as_secs_f64());
+        }
+        if let Some(p) = c.pod(&ns_name, "db-0") {
+            assert!(
+                p["metadata"]["uid"] == old_uid.as_str() || p["status"]["phase"] != "Running",
+                "the replacement db-0 runs with {addr} while the old one answers on the fabric (claim: {claim:?})"
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(
+        doubled.is_empty(),
+        "{addr} answered by two MACs in {} of {rounds} rounds: {doubled:?}",
+        doubled.len()
+    );
+    let released_at = released_at.unwrap_or_else(|| {
+        panic!(
+            "reconcile never released the old holder's claim within 120 s: the scenario did not happen; plugin log on the new node: {:?}",
+            plugin_log(&c, &node, "fabric")
+        )
+    });
+    let refusals = c.pod_events(&ns_name, "db-0");
+    assert!(
+        refusals
+            .iter()
+            .any(|e| e.contains("StickyAddressAnswered")
+                || e.contains("is still answered on the wire")),
+        "the replacement was refused by the wire: {refusals:?}"
+    );
+    eprintln!(
+        "split brain with reconcile: claim released by reconcile after {released_at:.0} s, replacement refused throughout, {rounds} ARP rounds from the router, none answered twice"
+    );
+
+    // The old node dies for real: the replacement's next probe hears
+    // nobody, it runs with the address, and the mark is cleared.
+    let t = Instant::now();
+    guard.crash();
+    let to = c.wait_running(&ns_name, "db-0", &[&node], 3 * MINUTE);
+    assert_eq!(c.pod_addrs(&ns_name, "db-0", "net1"), held, "db-0 on {to}");
+    wait_pingable(&c, &held);
+    let confirmed = c.wait(
+        "the claim's mark cleared by the confirmed grant",
+        MINUTE,
+        || {
+            let claim = c
+                .ipclaims()
+                .into_iter()
+                .find(|k| {
+                    k["spec"]["network"] == "fabric" && k["spec"]["ip"] == addr.to_string().as_str()
+                })
+                .ok_or("no claim")?;
+            if claim["status"]["phase"] == "Bound" && claim["status"]["unconfirmed"].is_null() {
+                Ok(claim)
+            } else {
+                Err(format!("{}", claim["status"]))
+            }
+        },
+    );
+    assert_eq!(confirmed["status"]["node"], to.as_str());
+    eprintln!(
+        "split brain with reconcile: {node} crashed -> db-0 Running on {to} with {addr} after {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    drop(reconcile);
+    drop(guard);
+}
+
 #[test]
 fn a_verb_missing_from_the_clusterrole_is_refused_by_the_real_authorizer() {
     let Some(c) = cluster("a_verb_missing_from_the_clusterrole_is_refused_by_the_real_authorizer")

@@ -46,8 +46,29 @@ pub fn check(
             identity.key
         )));
     }
+    // A raw identity (cni-args, the NAD, the identity annotation) of the
+    // form NAMESPACE/NAME is that namespace's: derived identities (a
+    // StatefulSet pod, the pod-name policy) have exactly this form, so a pod
+    // elsewhere naming one would squat it before its pod first runs.
+    let raw = matches!(
+        identity.source,
+        IdentitySource::ArgsCni | IdentitySource::Config | IdentitySource::Annotation
+    );
+    if let Some((owner_ns, _)) = identity.key.split_once('/').filter(|_| raw) {
+        if owner_ns != caller {
+            return Err(refuse(format!(
+                "identity {:?} on network {:?} (from {}) names namespace {owner_ns:?}, but the pod is in namespace {caller:?}: an identity of the form NAMESPACE/NAME belongs to that namespace, as a StatefulSet pod's does; choose an identity without '/' or one starting with \"{caller}/\", or list {caller:?} in ipam.reservations[{:?}].namespaces to share it",
+                identity.key,
+                conf.network,
+                identity.source.as_str(),
+                identity.key
+            )));
+        }
+    }
+    // A tombstone (an operator released the identity) binds nothing.
     let Some((claim, bound)) = claims
         .iter()
+        .filter(|c| !c.is_tombstone())
         .find_map(|c| c.namespace.as_deref().map(|ns| (c, ns)))
     else {
         return Ok(());
@@ -136,6 +157,38 @@ mod tests {
                 false,
                 "\"evil\"",
             ),
+            // A raw NAMESPACE/NAME identity is that namespace's, claimed or
+            // not (issue 26 item 7: "db/sq-0" named by a pod in "evil"
+            // before StatefulSet db/sq first ran).
+            (
+                "db/sq-0",
+                ArgsCni,
+                &[],
+                Some("evil"),
+                false,
+                "names namespace \"db\"",
+            ),
+            (
+                "db/sq-0",
+                Annotation,
+                &[],
+                Some("evil"),
+                false,
+                "starting with \"evil/\"",
+            ),
+            (
+                "db/sq-0",
+                Config,
+                &[],
+                Some("evil"),
+                false,
+                "ipam.reservations",
+            ),
+            ("db/sq-0", ArgsCni, &[], Some("db"), true, ""),
+            // Derived keys are the caller's own namespace by construction.
+            ("db/sq-0", StatefulSet, &[], Some("db"), true, ""),
+            // No '/': no namespace named.
+            ("peer-a", Annotation, &[], Some("evil"), true, ""),
             // Nothing recorded yet: the first namespace binds it.
             ("peer-a", ArgsCni, &[], Some("evil"), true, ""),
             ("peer-a", ArgsCni, &legacy, Some("evil"), true, ""),

@@ -57,15 +57,15 @@ pub fn release_holder(claim: &Claim, now: u64, how: Release) -> Change {
 
 /// The change that ends a claim for its identity (an operator's release,
 /// retirement): deleted when its address is proven free; otherwise a
-/// tombstone that binds no identity, namespace or owner and keeps the
-/// address until a grant's probe confirms it.
+/// tombstone that reserves nothing and binds no owner (its namespace stays
+/// as a record; tenancy ignores it) and keeps the address until a grant's
+/// probe confirms it.
 pub fn free(claim: &Claim, now: u64, how: Release) -> Change {
     let unconfirmed = mark_after(claim, now, how);
     let after = unconfirmed.is_some().then(|| Claim {
         holder: None,
         sticky: false,
         owner: None,
-        namespace: None,
         updated: now,
         unconfirmed,
         ..claim.clone()
