@@ -864,6 +864,83 @@ fn a_split_brain_stays_refused_while_the_reconcile_deployment_releases_the_claim
 }
 
 #[test]
+fn a_pod_attaching_one_network_twice_is_refused_unless_the_second_has_its_own_identity() {
+    // Issue 26 item 8: the second attachment of one sandbox to one network
+    // used to see its own pod UID on the first one's claim, judge that
+    // holder "a new sandbox's predecessor" and bind the same address on a
+    // second interface.
+    let Some(c) = cluster(
+        "a_pod_attaching_one_network_twice_is_refused_unless_the_second_has_its_own_identity",
+    ) else {
+        return;
+    };
+    let (ns, _claims) = setup_statefulset(&c, "twice", 0);
+    let ns = ns.name.clone();
+    let twice =
+        r#"'[{"name":"fabric-db","interface":"net1"},{"name":"fabric-db","interface":"net2"}]'"#;
+    c.apply(&statefulset(&ns, "db", 1, twice));
+    let refused = c.wait(
+        "db-0's second attachment refused with our reason",
+        2 * MINUTE,
+        || {
+            let events = c.pod_events(&ns, "db-0");
+            events
+                .iter()
+                .find(|e| e.contains("cannot be attached twice under one identity"))
+                .cloned()
+                .ok_or_else(|| format!("events: {events:?}"))
+        },
+    );
+    assert!(refused.contains("interface net1"), "{refused}");
+    let p = c.pod(&ns, "db-0").unwrap_or_default();
+    assert_ne!(p["status"]["phase"], "Running", "refused, so not running");
+    // The refused ADD left nothing: the only claims are net1's, held by
+    // the sandbox kubelet tears down (or already released by its DEL).
+    for k in c
+        .ipclaims()
+        .iter()
+        .filter(|k| k["spec"]["namespace"] == ns.as_str())
+    {
+        assert_ne!(
+            k["status"]["holder"]["ifname"], "net2",
+            "no claim of the refused attachment: {k}"
+        );
+    }
+    c.kubectl(&[
+        "-n",
+        &ns,
+        "delete",
+        "statefulset",
+        "db",
+        "--cascade=foreground",
+    ]);
+    c.kubectl(&[
+        "-n",
+        &ns,
+        "wait",
+        "--for=delete",
+        "pod/db-0",
+        "--timeout=60s",
+    ]);
+
+    // With an identity of its own (in the pod's namespace) the second
+    // attachment gets its own sticky address.
+    let own = format!(
+        r#"'[{{"name":"fabric-db","interface":"net1"}},{{"name":"fabric-db","interface":"net2","cni-args":{{"identity":"{ns}/db-0-second"}}}}]'"#
+    );
+    c.apply(&statefulset(&ns, "db", 1, &own));
+    c.wait_running(&ns, "db-0", &[], 2 * MINUTE);
+    let (net1, net2) = (
+        c.pod_addrs(&ns, "db-0", "net1"),
+        c.pod_addrs(&ns, "db-0", "net2"),
+    );
+    assert_dual_stack("db-0/net1", &net1);
+    assert_dual_stack("db-0/net2", &net2);
+    assert!(net1.is_disjoint(&net2), "net1 {net1:?}, net2 {net2:?}");
+    eprintln!("one network twice: refused under one identity; with its own, net1 {net1:?} and net2 {net2:?}");
+}
+
+#[test]
 fn a_verb_missing_from_the_clusterrole_is_refused_by_the_real_authorizer() {
     let Some(c) = cluster("a_verb_missing_from_the_clusterrole_is_refused_by_the_real_authorizer")
     else {
