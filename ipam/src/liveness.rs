@@ -12,6 +12,20 @@ pub struct NodeFacts {
     pub boot_id: String,
 }
 
+/// What this machine says of itself (read by `system::here`), from which
+/// an operator command decides whose node-local evidence it holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Here {
+    pub hostname: String,
+    /// Empty when it could not be read.
+    pub boot_id: String,
+    /// The installer's `nodename` file: where it was read and the node it
+    /// names; None when there is none.
+    pub nodename: Option<(String, String)>,
+    /// Where that file was looked for, for the messages.
+    pub looked: Vec<String>,
+}
+
 /// What the caller is, when a verdict is asked for on its behalf.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Caller {

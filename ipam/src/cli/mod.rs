@@ -16,14 +16,17 @@ use crate::claim::{now_secs, Claim, Holder};
 use crate::config::DEFAULT_STORE_DIR;
 use crate::engine::{plan_reconcile, plan_release, plan_retire, ReleaseTarget, Released};
 use crate::kube::client::KubeClient;
-use crate::liveness::{Inspector, NodeFacts, Verdict};
+use crate::kube::KubeApi;
+use crate::liveness::{Inspector, Verdict};
 use crate::store::file::FileStore;
 use crate::store::ipclaim::ORPHAN_LOCK_GRACE_SECS;
 use crate::store::retry::with_retries;
-use crate::store::{ClaimStore, Plan, PlanError, PlanResult, StoreError};
-use crate::system::node_facts;
+use crate::store::{ClaimStore, Plan, PlanError, PlanResult, StoreError, StoreResult};
+use crate::system::here;
+use judge::Judge;
 
 mod import;
+mod judge;
 pub mod metrics;
 mod stop;
 
@@ -173,21 +176,17 @@ impl Opts {
     /// node's: its evidence is this node's. On the kubernetes store the API
     /// alone decides unless a node is named, so `claims` run anywhere says
     /// what any node would.
-    fn inspector<'a>(&self, backend: &'a Backend) -> CniResult<(Box<dyn Inspector + 'a>, String)> {
-        let (facts, from) = match (backend.is_kube(), self.node.as_deref()) {
-            (true, None) => (NodeFacts::default(), "the kubernetes API".to_string()),
-            (true, node) => {
-                let facts = node_facts(node);
-                let from = format!("node {} and the kubernetes API", facts.node);
-                (facts, from)
+    fn judge<'b>(&self, backend: &'b Backend) -> CniResult<Judge<'b>> {
+        let here = here(self.values.get("--kubeconfig").map(std::path::Path::new));
+        Ok(match backend {
+            Backend::File { cri_socket, .. } => {
+                Judge::file(self.node.as_deref(), &here, cri_socket.clone())
             }
-            (false, node) => {
-                let facts = node_facts(node);
-                let from = format!("node {}", facts.node);
-                (facts, from)
+            Backend::Kube { .. } => {
+                let api: &dyn KubeApi = backend.client()?;
+                Judge::kube(api, self.node.as_deref(), &here)
             }
-        };
-        Ok((backend.inspector(facts)?, from))
+        })
     }
 
     /// The networks to act on; a named one must already have claims (a
@@ -456,7 +455,9 @@ impl Opts {
 fn claims(opts: &Opts) -> CniResult<()> {
     let output = opts.output()?;
     let backend = opts.backend()?;
-    let (inspector, judged_from) = opts.inspector(&backend)?;
+    let judge = opts.judge(&backend)?;
+    let judged_from = judge.from();
+    let inspector = judge.inspector();
     let now = now_secs();
     let mut rows = vec![[
         "NETWORK",
@@ -596,12 +597,9 @@ fn release(opts: &Opts) -> CniResult<()> {
                 ))
             }
         };
-    let (inspector, _) = opts.inspector(&backend)?;
+    let judge = opts.judge(&backend)?;
     let mut store = backend.open(&network, vec![])?;
-    let force = opts.flag("--force");
-    let (_, released) = with_retries(&mut store, "release", |s| {
-        plan_release(s, inspector.as_ref(), &network, &target, force)
-    })?;
+    let released = release_on(&mut store, &judge, &network, &target, opts.flag("--force"))?;
     for c in &released {
         println!(
             "released {} (identity {:?}) on network {network}",
@@ -609,6 +607,22 @@ fn release(opts: &Opts) -> CniResult<()> {
         );
     }
     Ok(())
+}
+
+/// Releases `target` of `network` in `store`, refused while its holder is
+/// alive unless `force`.
+fn release_on(
+    store: &mut dyn ClaimStore,
+    judge: &Judge,
+    network: &str,
+    target: &ReleaseTarget,
+    force: bool,
+) -> CniResult<Vec<Claim>> {
+    let inspector = judge.inspector();
+    let (_, released) = with_retries(store, "release", |s| {
+        plan_release(s, inspector.as_ref(), network, target, force)
+    })?;
+    Ok(released)
 }
 
 fn reconcile(opts: &Opts) -> CniResult<()> {
@@ -624,6 +638,7 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
         },
     };
     let backend = opts.backend()?;
+    let judge = opts.judge(&backend)?;
     let retire = backend.is_kube() && !opts.flag("--keep-retired");
     let mut metrics = metrics::Metrics::default();
     let page = Arc::new(Mutex::new(metrics.render()));
@@ -644,7 +659,7 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
     loop {
         let t0 = Instant::now();
         let gauges = serving.is_some();
-        let swept = sweep(opts, &backend, retire, gauges, &mut metrics);
+        let swept = sweep(opts, &backend, &judge, retire, gauges, &mut metrics);
         let api_failed = matches!(&swept, Err(e) if e.code == cni::code::STORE_UNREACHABLE || e.code == cni::code::STORE_REFUSED);
         if api_failed {
             metrics.api_error();
@@ -678,30 +693,89 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
 fn sweep(
     opts: &Opts,
     backend: &Backend,
+    judge: &Judge,
     retire: bool,
     gauges: bool,
     metrics: &mut metrics::Metrics,
 ) -> CniResult<()> {
-    let (inspector, _) = opts.inspector(backend)?;
-    let mut released = 0;
-    let mut retired = 0;
-    let mut alive = 0;
-    let mut raced = Vec::new();
     let networks = opts.networks(backend)?;
-    let mut figures = BTreeMap::new();
-    for network in &networks {
-        let mut store = backend.open(network, vec![])?;
+    let open = |network: &str| backend.open(network, vec![]);
+    let mut tally = sweep_networks(&networks, &open, judge, retire, gauges, metrics)?;
+    if !gauges {
+        summary(&networks, &tally);
+        return Ok(());
+    }
+    if let Backend::Kube {
+        client: Ok(client), ..
+    } = backend
+    {
+        // Best effort: a listing that fails keeps the last figures.
+        match client.nad_configs() {
+            Ok(configs) => {
+                for (network, size) in metrics::ranges_of(&configs) {
+                    tally.figures.entry(network).or_default().range = Some(size);
+                }
+            }
+            Err(e) => {
+                metrics.api_error();
+                eprintln!("reconcile: metrics: {e}");
+                for (network, last) in &metrics.networks {
+                    if let Some(range) = last.range {
+                        tally.figures.entry(network.clone()).or_default().range = Some(range);
+                    }
+                }
+            }
+        }
+        match client.our_events() {
+            Ok(events) => metrics.observe_events(&events),
+            Err(e) => {
+                metrics.api_error();
+                eprintln!("reconcile: metrics: {e}");
+            }
+        }
+    }
+    metrics.networks = std::mem::take(&mut tally.figures);
+    summary(&networks, &tally);
+    Ok(())
+}
+
+/// What a sweep did, for its summary line and the metrics' gauges.
+#[derive(Debug, Default)]
+struct Tally {
+    released: usize,
+    retired: usize,
+    alive: usize,
+    /// Networks skipped after losing every race (the next sweep sees them).
+    raced: Vec<String>,
+    figures: BTreeMap<String, metrics::NetworkGauges>,
+}
+
+/// The sweep's work on each network's store (`open`): release dead
+/// holders, unlock orphan locks, retire (with `retire`), and with `gauges`
+/// count the network's claims by state.
+fn sweep_networks<'a>(
+    networks: &[String],
+    open: &dyn Fn(&str) -> StoreResult<crate::backend::Store<'a>>,
+    judge: &Judge<'a>,
+    retire: bool,
+    gauges: bool,
+    metrics: &mut metrics::Metrics,
+) -> CniResult<Tally> {
+    let mut tally = Tally::default();
+    let inspector = judge.inspector();
+    for network in networks {
+        let mut store = open(network)?;
         let swept = with_retries(&mut store, "reconcile", |s| {
             let (plan, gone, live) = plan_reconcile(s, inspector.as_ref(), now_secs())?;
             Ok((plan, (gone, live)))
         });
         match sweep_outcome(swept, network, "released")? {
             Some((gone, live)) => {
-                released += gone.len();
+                tally.released += gone.len();
                 metrics.released(network, gone.len() as u64);
-                alive += live;
+                tally.alive += live;
             }
-            None => raced.push(network.clone()),
+            None => tally.raced.push(network.clone()),
         }
         if let crate::backend::Store::Kube(kube) = &mut store {
             for ip in kube.sweep_orphan_locks(ORPHAN_LOCK_GRACE_SECS)? {
@@ -714,8 +788,8 @@ fn sweep(
                 Ok((plan, (out, 0)))
             });
             match sweep_outcome(swept, network, "retired")? {
-                Some((out, _)) => retired += out.len(),
-                None => raced.push(network.clone()),
+                Some((out, _)) => tally.retired += out.len(),
+                None => tally.raced.push(network.clone()),
             }
         }
         if !gauges {
@@ -729,48 +803,20 @@ fn sweep(
                 _ => g.reserved += u64::from(c.sticky),
             }
         }
-        figures.insert(network.clone(), g);
+        tally.figures.insert(network.clone(), g);
     }
-    if !gauges {
-        summary(&networks, released, retired, alive, &raced);
-        return Ok(());
-    }
-    if let Backend::Kube {
-        client: Ok(client), ..
-    } = backend
-    {
-        // Best effort: a listing that fails keeps the last figures.
-        match client.nad_configs() {
-            Ok(configs) => {
-                for (network, size) in metrics::ranges_of(&configs) {
-                    figures.entry(network).or_default().range = Some(size);
-                }
-            }
-            Err(e) => {
-                metrics.api_error();
-                eprintln!("reconcile: metrics: {e}");
-                for (network, last) in &metrics.networks {
-                    if let Some(range) = last.range {
-                        figures.entry(network.clone()).or_default().range = Some(range);
-                    }
-                }
-            }
-        }
-        match client.our_events() {
-            Ok(events) => metrics.observe_events(&events),
-            Err(e) => {
-                metrics.api_error();
-                eprintln!("reconcile: metrics: {e}");
-            }
-        }
-    }
-    metrics.networks = figures;
-    summary(&networks, released, retired, alive, &raced);
-    Ok(())
+    Ok(tally)
 }
 
 /// The sweep's summary line.
-fn summary(networks: &[String], released: usize, retired: usize, alive: usize, raced: &[String]) {
+fn summary(networks: &[String], tally: &Tally) {
+    let Tally {
+        released,
+        retired,
+        alive,
+        raced,
+        ..
+    } = tally;
     println!(
         "reconcile: {} networks, {released} dead holders released, {retired} sticky claims of deleted StatefulSets retired, {alive} live holders kept{}",
         networks.len(),
