@@ -457,7 +457,6 @@ fn claims(opts: &Opts) -> CniResult<()> {
     let backend = opts.backend()?;
     let judge = opts.judge(&backend)?;
     let judged_from = judge.from();
-    let inspector = judge.inspector();
     let now = now_secs();
     let mut rows = vec![[
         "NETWORK",
@@ -477,6 +476,7 @@ fn claims(opts: &Opts) -> CniResult<()> {
     for network in opts.networks(&backend)? {
         let mut store = backend.open(&network, vec![])?;
         let listing = store.list()?;
+        let inspector = judge.inspector();
         for c in listing.claims.iter().filter(|c| opts.in_namespace(c)) {
             let h = c.holder.as_ref();
             let (st, reason) = state(c, inspector.as_ref());
@@ -618,9 +618,9 @@ fn release_on(
     target: &ReleaseTarget,
     force: bool,
 ) -> CniResult<Vec<Claim>> {
-    let inspector = judge.inspector();
+    // Each attempt judges with lookups of its own.
     let (_, released) = with_retries(store, "release", |s| {
-        plan_release(s, inspector.as_ref(), network, target, force)
+        plan_release(s, judge.inspector().as_ref(), network, target, force)
     })?;
     Ok(released)
 }
@@ -752,7 +752,9 @@ struct Tally {
 
 /// The sweep's work on each network's store (`open`): release dead
 /// holders, unlock orphan locks, retire (with `retire`), and with `gauges`
-/// count the network's claims by state.
+/// count the network's claims by state. Every plan, and every attempt of
+/// one, judges with a new inspector: a pod looked up for one network, or
+/// before a lost race, may have been re-created since.
 fn sweep_networks<'a>(
     networks: &[String],
     open: &dyn Fn(&str) -> StoreResult<crate::backend::Store<'a>>,
@@ -762,11 +764,10 @@ fn sweep_networks<'a>(
     metrics: &mut metrics::Metrics,
 ) -> CniResult<Tally> {
     let mut tally = Tally::default();
-    let inspector = judge.inspector();
     for network in networks {
         let mut store = open(network)?;
         let swept = with_retries(&mut store, "reconcile", |s| {
-            let (plan, gone, live) = plan_reconcile(s, inspector.as_ref(), now_secs())?;
+            let (plan, gone, live) = plan_reconcile(s, judge.inspector().as_ref(), now_secs())?;
             Ok((plan, (gone, live)))
         });
         match sweep_outcome(swept, network, "released")? {
@@ -784,7 +785,7 @@ fn sweep_networks<'a>(
         }
         if retire {
             let swept = with_retries(&mut store, "retire", |s| {
-                let (plan, out) = plan_retire(s, inspector.as_ref())?;
+                let (plan, out) = plan_retire(s, judge.inspector().as_ref())?;
                 Ok((plan, (out, 0)))
             });
             match sweep_outcome(swept, network, "retired")? {
@@ -796,6 +797,7 @@ fn sweep_networks<'a>(
             continue;
         }
         let mut g = metrics::NetworkGauges::default();
+        let inspector = judge.inspector();
         for c in &store.list()?.claims {
             match state(c, inspector.as_ref()).0 {
                 "held" => g.held += 1,

@@ -135,3 +135,220 @@ fn whereabouts_allocations_are_offsets_from_their_pools_range() {
         assert!(e.contains(says), "{e}");
     }
 }
+
+// --- Where verdicts get their evidence (issue 26, items 2 and 3) ---
+
+use crate::claim::{Claim, Holder};
+use crate::kube::fake::FakeApi;
+use crate::kube::{ClaimObject, LockObject};
+use crate::liveness::Here;
+use crate::pod::PodFacts;
+use crate::store::ipclaim::KubeStore;
+
+/// A holder on `node` in `boot`, whose netns path does not exist on the
+/// machine that runs the tests.
+fn holder_of(pod: &str, uid: &str, node: &str, boot: &str) -> Holder {
+    Holder {
+        container_id: format!("c-{uid}"),
+        ifname: "net1".into(),
+        netns: format!("/var/run/netns/cni-{uid}-not-on-this-machine"),
+        netns_id: None,
+        pod_namespace: Some("db".into()),
+        pod_name: Some(pod.into()),
+        pod_uid: Some(uid.into()),
+        node: node.into(),
+        boot_id: boot.into(),
+        since: 0,
+    }
+}
+
+/// A sticky claim of `network` at `ip` held by `holder`, with its lock,
+/// as the plugin leaves them.
+fn seed(api: &FakeApi, network: &str, ip: &str, identity: &str, holder: Holder) {
+    let ip: std::net::IpAddr = ip.parse().unwrap();
+    let lock = api
+        .create_lock(&LockObject {
+            network: network.into(),
+            ip,
+            identity: identity.into(),
+            created: 0,
+            uid: None,
+            node: Some(holder.node.clone()),
+        })
+        .unwrap();
+    api.create_claim(&ClaimObject {
+        network: network.into(),
+        claim: Claim {
+            ip,
+            identity: identity.into(),
+            sticky: true,
+            holder: Some(holder),
+            owner: None,
+            namespace: Some("db".into()),
+            created: 0,
+            updated: 0,
+        },
+        resource_version: None,
+        lock_uid: lock.uid,
+    })
+    .unwrap();
+}
+
+fn run_pod(api: &FakeApi, pod: &str, uid: &str) {
+    api.pods.borrow_mut().insert(
+        format!("db/{pod}"),
+        PodFacts {
+            uid: uid.into(),
+            phase: Some("Running".into()),
+            ..PodFacts::default()
+        },
+    );
+}
+
+/// The holder of `network`'s claim at `ip`, as stored.
+fn holder_at(api: &FakeApi, network: &str, ip: &str) -> Option<Holder> {
+    api.claims
+        .borrow()
+        .values()
+        .find(|o| o.network == network && o.claim.ip.to_string() == ip)
+        .and_then(|o| o.claim.holder.clone())
+}
+
+/// The new db-0 (UID uid-2) is running and has taken over `network`'s
+/// claim at `ip` from its predecessor (UID uid-1), as its ADD does.
+fn recreate_db0_taking(network: &'static str, ip: &'static str) -> crate::kube::fake::Race {
+    Box::new(move |api: &FakeApi| {
+        run_pod(api, "db-0", "uid-2");
+        let rv = api.next_rv();
+        let mut claims = api.claims.borrow_mut();
+        let obj = claims
+            .values_mut()
+            .find(|o| o.network == network && o.claim.ip.to_string() == ip)
+            .unwrap();
+        obj.claim.holder = Some(holder_of("db-0", "uid-2", "node1", "b-node1"));
+        obj.resource_version = Some(rv);
+    })
+}
+
+fn api_only(api: &FakeApi) -> Judge<'_> {
+    Judge::kube(api, None, &Here::default())
+}
+
+#[test]
+fn a_sweep_judges_each_network_by_its_own_lookups() {
+    // The old db-0 (uid-1) held an address on two networks and is gone.
+    let api = FakeApi::default();
+    seed(
+        &api,
+        "net-a",
+        "10.0.0.5",
+        "db/db-0",
+        holder_of("db-0", "uid-1", "node1", "b-node1"),
+    );
+    seed(
+        &api,
+        "net-b",
+        "10.1.0.5",
+        "db/db-0",
+        holder_of("db-0", "uid-1", "node1", "b-node1"),
+    );
+    // While the sweep releases net-a's holder, the new db-0 takes net-b's
+    // claim over.
+    *api.race.borrow_mut() = Some(recreate_db0_taking("net-b", "10.1.0.5"));
+    let open = |n: &str| {
+        Ok(crate::backend::Store::Kube(Box::new(KubeStore::new(
+            &api,
+            n,
+            None,
+            vec![],
+        ))))
+    };
+    let networks = ["net-a".to_string(), "net-b".to_string()];
+    let judge = api_only(&api);
+    let mut metrics = metrics::Metrics::default();
+    let tally = sweep_networks(&networks, &open, &judge, false, false, &mut metrics).unwrap();
+    assert_eq!(holder_at(&api, "net-a", "10.0.0.5"), None, "the old pod's");
+    let kept = holder_at(&api, "net-b", "10.1.0.5").map(|h| h.pod_uid);
+    assert_eq!(kept, Some(Some("uid-2".into())), "the new pod's is live");
+    assert_eq!((tally.released, tally.alive), (1, 1), "{tally:?}");
+}
+
+#[test]
+fn a_plan_made_again_after_a_409_looks_the_pods_up_again() {
+    // The old db-0 (uid-1) is gone; reconcile releases its holder, and the
+    // new db-0's takeover lands first: the release meets a 409.
+    let api = FakeApi::default();
+    seed(
+        &api,
+        "net-b",
+        "10.1.0.5",
+        "db/db-0",
+        holder_of("db-0", "uid-1", "node1", "b-node1"),
+    );
+    *api.race.borrow_mut() = Some(recreate_db0_taking("net-b", "10.1.0.5"));
+    let open = |n: &str| {
+        Ok(crate::backend::Store::Kube(Box::new(KubeStore::new(
+            &api,
+            n,
+            None,
+            vec![],
+        ))))
+    };
+    let judge = api_only(&api);
+    let mut metrics = metrics::Metrics::default();
+    let tally = sweep_networks(
+        &["net-b".to_string()],
+        &open,
+        &judge,
+        false,
+        false,
+        &mut metrics,
+    )
+    .unwrap();
+    let kept = holder_at(&api, "net-b", "10.1.0.5").map(|h| h.pod_uid);
+    assert_eq!(kept, Some(Some("uid-2".into())), "the new pod's is live");
+    assert_eq!((tally.released, tally.alive), (0, 1), "{tally:?}");
+}
+
+#[test]
+fn a_later_networks_verdict_rests_on_a_lookup_of_its_own_plan() {
+    // db-0 (one UID) holds an address on two networks and runs; it has
+    // finished by the time the sweep reaches net-b.
+    let api = FakeApi::default();
+    run_pod(&api, "db-0", "uid-1");
+    seed(
+        &api,
+        "net-a",
+        "10.0.0.5",
+        "db/db-0",
+        holder_of("db-0", "uid-1", "node1", "b-node1"),
+    );
+    seed(
+        &api,
+        "net-b",
+        "10.1.0.5",
+        "db/db-0",
+        holder_of("db-0", "uid-1", "node1", "b-node1"),
+    );
+    let open = |n: &str| {
+        if n == "net-b" {
+            if let Some(p) = api.pods.borrow_mut().get_mut("db/db-0") {
+                p.phase = Some("Failed".into());
+            }
+        }
+        Ok(crate::backend::Store::Kube(Box::new(KubeStore::new(
+            &api,
+            n,
+            None,
+            vec![],
+        ))))
+    };
+    let networks = ["net-a".to_string(), "net-b".to_string()];
+    let judge = api_only(&api);
+    let mut metrics = metrics::Metrics::default();
+    let tally = sweep_networks(&networks, &open, &judge, false, false, &mut metrics).unwrap();
+    assert!(holder_at(&api, "net-a", "10.0.0.5").is_some());
+    assert_eq!(holder_at(&api, "net-b", "10.1.0.5"), None, "it finished");
+    assert_eq!((tally.released, tally.alive), (1, 1), "{tally:?}");
+    assert_eq!(api.count("get pod db/db-0"), 2, "{:?}", api.calls.borrow());
+}
