@@ -1,24 +1,25 @@
 //! Who judges liveness for an operator command: the file store with this
-//! machine's evidence, or the kubernetes store with the API's (and a named
-//! node's). Decided once per command; `Judge::inspector` makes the
-//! inspector a plan judges with.
+//! machine's evidence, or the kubernetes store with the API's, and a named
+//! node's own only where the command provably runs on it
+//! (`liveness::node_evidence`). Decided once per command;
+//! `Judge::inspector` makes the inspector one plan judges with.
 
 use std::path::PathBuf;
 
 use crate::kube::liveness::KubeInspector;
 use crate::kube::KubeApi;
-use crate::liveness::{Here, Inspector, NodeFacts};
+use crate::liveness::{node_evidence, Evidence, Here, Inspector, NodeBoot, NodeFacts};
 use crate::system::LocalInspector;
 
 pub enum Judge<'a> {
-    /// The file store is this machine's.
+    /// The file store is this machine's: its evidence is the store's node's.
     File {
         facts: NodeFacts,
         cri_socket: Option<PathBuf>,
     },
     Kube {
         api: &'a dyn KubeApi,
-        facts: NodeFacts,
+        evidence: Evidence,
     },
 }
 
@@ -35,25 +36,34 @@ impl<'a> Judge<'a> {
         }
     }
 
-    /// The kubernetes store's judge; `requested` is `--node`.
+    /// The kubernetes store's judge; `requested` is `--node`, whose Node
+    /// is read for its boot id.
     pub fn kube(api: &'a dyn KubeApi, requested: Option<&str>, here: &Here) -> Judge<'a> {
-        let facts = match requested {
-            None => NodeFacts::default(),
-            Some(node) => NodeFacts {
-                node: node.to_string(),
-                boot_id: here.boot_id.clone(),
-            },
+        let boot = match requested.map(|node| api.get_node(node)) {
+            None => NodeBoot::NotReported,
+            Some(Ok(Some(node))) => node
+                .boot_id
+                .map_or(NodeBoot::NotReported, NodeBoot::Reported),
+            Some(Ok(None)) => NodeBoot::NoNode,
+            Some(Err(e)) => NodeBoot::Unknown(e.to_string()),
         };
-        Judge::Kube { api, facts }
+        Judge::Kube {
+            api,
+            evidence: node_evidence(requested, here, &boot),
+        }
     }
 
-    /// An inspector with lookups of its own.
+    /// An inspector with lookups of its own: one per plan.
     pub fn inspector(&self) -> Box<dyn Inspector + 'a> {
         match self {
             Judge::File { facts, cri_socket } => {
                 Box::new(LocalInspector::new(facts.clone(), cri_socket.as_deref()))
             }
-            Judge::Kube { api, facts } => Box::new(KubeInspector::new(*api, facts.clone())),
+            Judge::Kube {
+                api,
+                evidence: Evidence::ThisNode { facts, .. },
+            } => Box::new(KubeInspector::new(*api, facts.clone())),
+            Judge::Kube { api, .. } => Box::new(KubeInspector::api_only(*api)),
         }
     }
 
@@ -61,8 +71,22 @@ impl<'a> Judge<'a> {
     pub fn from(&self) -> String {
         match self {
             Judge::File { facts, .. } => format!("node {}", facts.node),
-            Judge::Kube { facts, .. } if facts.node.is_empty() => "the kubernetes API".into(),
-            Judge::Kube { facts, .. } => format!("node {} and the kubernetes API", facts.node),
+            Judge::Kube {
+                evidence: Evidence::ThisNode { facts, .. },
+                ..
+            } => format!("node {} and the kubernetes API", facts.node),
+            Judge::Kube { .. } => "the kubernetes API".into(),
+        }
+    }
+
+    /// The same, and why: what the commands print.
+    pub fn describe(&self) -> String {
+        match self {
+            Judge::File { facts, .. } => format!(
+                "this machine's evidence as node {} (its boot id, netns paths and container runtime): the file store is this machine's",
+                facts.node
+            ),
+            Judge::Kube { evidence, .. } => evidence.describe(),
         }
     }
 }

@@ -58,7 +58,11 @@ pub const STORE_OPTIONS: &str = "\
   --timeout-ms MS     per-request timeout for the kubernetes API (default 10000)
   --network NAME      only this network (required by release and import)
   --node NAME         this node's name for liveness (file store default: the
-                      hostname; kubernetes store default: none, the API decides)
+                      hostname; kubernetes store default: none, the API decides;
+                      its boot id and netns paths count only where this machine
+                      is proven to be NAME: the installer's nodename file, beside
+                      --kubeconfig or in /etc/cni/net.d/sticky-macvlan.d/, names
+                      it, and Node NAME reports no other boot id)
   --cri-socket PATH   the container runtime's CRI socket, asked whether the
                       sandbox of an imported host-local holder still exists
                       (default /run/containerd/containerd.sock; \"\" asks none)
@@ -172,10 +176,11 @@ impl Opts {
         })
     }
 
-    /// The liveness judge and where it judges from. The file store is one
-    /// node's: its evidence is this node's. On the kubernetes store the API
-    /// alone decides unless a node is named, so `claims` run anywhere says
-    /// what any node would.
+    /// The liveness judge and where it judges from, decided once. The file
+    /// store is one node's: its evidence is this node's. On the kubernetes
+    /// store the API alone decides unless a node is named and this machine
+    /// provably is that node (`liveness::node_evidence`), so a command run
+    /// anywhere else says what any node would.
     fn judge<'b>(&self, backend: &'b Backend) -> CniResult<Judge<'b>> {
         let here = here(self.values.get("--kubeconfig").map(std::path::Path::new));
         Ok(match backend {
@@ -222,13 +227,16 @@ claims [--dir DIR | --kubeconfig PATH | --in-cluster] [--network NET] [--node NA
   --json gives each claim with \"state\", \"reason\" and \"judgedFrom\".
   On the kubernetes store the state is judged from the API alone, as any
   node would, so it does not depend on where the command runs; --node NAME
-  adds that node's own evidence (its netns paths), as an ADD there does."
+  adds that node's own evidence (its boot id and netns paths), as an ADD
+  there does, only when this machine is proven to be NAME (see --node);
+  stderr, and \"evidence\" in --json, say which was used."
         }
         "release" => {
             "\
 release --network NET (--ip IP | --identity ID | --file NAME) [--force] [store options]
   Removes a claim. Refused while its holder is considered alive, unless
-  --force. --file removes a damaged record named by `claims` or by an error
+  --force; liveness as for claims (a node's own evidence only on that node,
+  and stderr says which). --file removes a damaged record named by `claims` or by an error
   (a claim's file name, or identities/NAME, holders/NAME) and rebuilds the
   network's indexes."
         }
@@ -236,7 +244,9 @@ release --network NET (--ip IP | --identity ID | --file NAME) [--force] [store o
             "\
 reconcile [store options] [--network NET] [--interval SECONDS] [--keep-retired] [--metrics-addr ADDR]
   Releases every holder confirmed dead, once or every --interval seconds,
-  printing a summary line per sweep; SIGTERM stops it between sweeps. On
+  printing a summary line per sweep; SIGTERM stops it between sweeps.
+  Liveness as for claims (stderr says which evidence); every network, and
+  every attempt after a lost race, is judged by lookups of its own. On
   the kubernetes store it also retires the sticky claims their network's
   ipam.retention gives up (by default those of deleted StatefulSets) unless
   --keep-retired, and with
@@ -457,6 +467,7 @@ fn claims(opts: &Opts) -> CniResult<()> {
     let backend = opts.backend()?;
     let judge = opts.judge(&backend)?;
     let judged_from = judge.from();
+    let evidence = judge.describe();
     let now = now_secs();
     let mut rows = vec![[
         "NETWORK",
@@ -480,7 +491,7 @@ fn claims(opts: &Opts) -> CniResult<()> {
         for c in listing.claims.iter().filter(|c| opts.in_namespace(c)) {
             let h = c.holder.as_ref();
             let (st, reason) = state(c, inspector.as_ref());
-            json.push(serde_json::json!({"network": network, "claim": c, "state": st, "reason": reason, "judgedFrom": judged_from}));
+            json.push(serde_json::json!({"network": network, "claim": c, "state": st, "reason": reason, "judgedFrom": judged_from, "evidence": evidence}));
             rows.push([
                 network.clone(),
                 c.ip.to_string(),
@@ -554,7 +565,7 @@ fn claims(opts: &Opts) -> CniResult<()> {
         }),
         Output::Wide => {}
     }
-    eprintln!("states judged from {judged_from}");
+    eprintln!("states judged from {evidence}");
     let widths: Vec<usize> = (0..11)
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();
@@ -598,6 +609,7 @@ fn release(opts: &Opts) -> CniResult<()> {
             }
         };
     let judge = opts.judge(&backend)?;
+    eprintln!("release: verdicts from {}", judge.describe());
     let mut store = backend.open(&network, vec![])?;
     let released = release_on(&mut store, &judge, &network, &target, opts.flag("--force"))?;
     for c in &released {
@@ -639,6 +651,7 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
     };
     let backend = opts.backend()?;
     let judge = opts.judge(&backend)?;
+    eprintln!("reconcile: verdicts from {}", judge.describe());
     let retire = backend.is_kube() && !opts.flag("--keep-retired");
     let mut metrics = metrics::Metrics::default();
     let page = Arc::new(Mutex::new(metrics.render()));

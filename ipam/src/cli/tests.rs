@@ -139,11 +139,14 @@ fn whereabouts_allocations_are_offsets_from_their_pools_range() {
 // --- Where verdicts get their evidence (issue 26, items 2 and 3) ---
 
 use crate::claim::{Claim, Holder};
+use crate::engine::ReleaseTarget;
 use crate::kube::fake::FakeApi;
-use crate::kube::{ClaimObject, LockObject};
+use crate::kube::{ClaimObject, ClusterNode, LockObject};
 use crate::liveness::Here;
 use crate::pod::PodFacts;
 use crate::store::ipclaim::KubeStore;
+
+const NODE2_BOOT: &str = "b-node2";
 
 /// A holder on `node` in `boot`, whose netns path does not exist on the
 /// machine that runs the tests.
@@ -232,6 +235,85 @@ fn recreate_db0_taking(network: &'static str, ip: &'static str) -> crate::kube::
 
 fn api_only(api: &FakeApi) -> Judge<'_> {
     Judge::kube(api, None, &Here::default())
+}
+
+#[test]
+fn release_with_node_from_a_machine_that_is_not_that_node_refuses_a_live_holder() {
+    let api = FakeApi::default();
+    api.nodes.borrow_mut().insert(
+        "node2".into(),
+        ClusterNode {
+            ready: Some(true),
+            ..ClusterNode::default()
+        },
+    );
+    run_pod(&api, "sb-0", "uid-1");
+    let ip = "172.31.59.2";
+    seed(
+        &api,
+        "fabric",
+        ip,
+        "db/sb-0",
+        holder_of("sb-0", "uid-1", "node2", NODE2_BOOT),
+    );
+    // `kubectl sticky release --network fabric --ip IP --node node2` run
+    // from a workstation (another boot id), and from the host of the local
+    // cluster, whose nodes share its kernel and so its boot id, but not
+    // its mounts: neither has the installer's nodename file, and on
+    // neither does the holder's netns path exist.
+    for (machine, boot_id) in [("the host", NODE2_BOOT), ("a workstation", "b-workstation")] {
+        let here = Here {
+            hostname: "host".into(),
+            boot_id: boot_id.into(),
+            nodename: None,
+            looked: vec![crate::system::INSTALLED_NODENAME.into()],
+        };
+        let judge = Judge::kube(&api, Some("node2"), &here);
+        let mut store = KubeStore::new(&api, "fabric", None, vec![]);
+        let target = ReleaseTarget::Address(ip.parse().unwrap());
+        let refused = release_on(&mut store, &judge, "fabric", &target, false);
+        let e = refused.expect_err(machine);
+        assert!(e.msg.contains("still running"), "{machine}: {}", e.msg);
+        assert!(holder_at(&api, "fabric", ip).is_some(), "{machine}");
+        assert!(
+            judge
+                .describe()
+                .starts_with("the kubernetes API only: this machine is not"),
+            "{machine}: {}",
+            judge.describe()
+        );
+    }
+    // A nodename file copied from node2 onto a machine of another boot.
+    api.nodes.borrow_mut().get_mut("node2").unwrap().boot_id = Some(NODE2_BOOT.into());
+    let copied = Here {
+        hostname: "host".into(),
+        boot_id: "b-workstation".into(),
+        nodename: Some((
+            "/etc/cni/net.d/sticky-macvlan.d/nodename".into(),
+            "node2".into(),
+        )),
+        looked: vec![],
+    };
+    let judge = Judge::kube(&api, Some("node2"), &copied);
+    assert!(
+        judge.describe().contains("boot id differs"),
+        "{}",
+        judge.describe()
+    );
+    let mut store = KubeStore::new(&api, "fabric", None, vec![]);
+    let target = ReleaseTarget::Address(ip.parse().unwrap());
+    assert!(release_on(&mut store, &judge, "fabric", &target, false).is_err());
+    // On node2 itself, where the sandbox's netns is gone, node2's own
+    // evidence frees the claim whose pod object still says Running.
+    let on_node2 = Here {
+        boot_id: NODE2_BOOT.into(),
+        ..copied
+    };
+    let judge = Judge::kube(&api, Some("node2"), &on_node2);
+    assert_eq!(judge.from(), "node node2 and the kubernetes API");
+    let released = release_on(&mut store, &judge, "fabric", &target, false).unwrap();
+    assert_eq!(released.len(), 1);
+    assert_eq!(holder_at(&api, "fabric", ip), None);
 }
 
 #[test]

@@ -98,7 +98,9 @@ pub fn judge_cluster(
 /// nothing of the pod re-created under its name.
 pub struct KubeInspector<'a> {
     pub api: &'a dyn KubeApi,
-    pub node: NodeFacts,
+    /// The node this process runs on, whose boot id and netns paths are
+    /// evidence; None: the API alone judges (`api_only`).
+    node: Option<NodeFacts>,
     /// (namespace/name, the holder's pod UID) -> the lookup made for it.
     pods: RefCell<BTreeMap<(String, String), Lookup<PodFacts>>>,
     /// Pods the caller read itself, by namespace/name (`know_pod`).
@@ -109,7 +111,19 @@ pub struct KubeInspector<'a> {
 }
 
 impl<'a> KubeInspector<'a> {
+    /// The judge of a process that runs on `node` (the plugin's).
     pub fn new(api: &'a dyn KubeApi, node: NodeFacts) -> KubeInspector<'a> {
+        KubeInspector::with(api, Some(node))
+    }
+
+    /// The judge of a process not proven to run on any node (the CLI
+    /// elsewhere, `Evidence::ApiOnly`): it never reads this machine's boot
+    /// id or netns paths, and asks the API about every holder.
+    pub fn api_only(api: &'a dyn KubeApi) -> KubeInspector<'a> {
+        KubeInspector::with(api, None)
+    }
+
+    fn with(api: &'a dyn KubeApi, node: Option<NodeFacts>) -> KubeInspector<'a> {
         KubeInspector {
             api,
             node,
@@ -185,16 +199,19 @@ impl Inspector for KubeInspector<'_> {
     }
 
     fn verdict(&self, holder: &Holder, caller: Option<&Caller>) -> Verdict {
-        if is_local(holder, &self.node) {
-            let netns = netns_state(holder);
-            // A present netns is proof of life; nothing the API says beats it.
-            if netns != NetnsState::Unknown {
-                return judge(holder, caller, &self.node, netns);
+        // Node-local evidence only on the node this process runs on.
+        if let Some(node) = &self.node {
+            if is_local(holder, node) {
+                let netns = netns_state(holder);
+                // A present netns is proof of life; nothing the API says beats it.
+                if netns != NetnsState::Unknown {
+                    return judge(holder, caller, node, netns);
+                }
             }
-        }
-        let same_pod = judge(holder, caller, &self.node, NetnsState::Unknown);
-        if same_pod.is_dead() {
-            return same_pod;
+            let same_pod = judge(holder, caller, node, NetnsState::Unknown);
+            if same_pod.is_dead() {
+                return same_pod;
+            }
         }
         let (Some(ns), Some(name)) = (&holder.pod_namespace, &holder.pod_name) else {
             return Verdict::Alive(format!(
@@ -243,6 +260,7 @@ mod tests {
         Lookup::Found(ClusterNode {
             out_of_service,
             ready: Some(ready),
+            boot_id: None,
         })
     }
 
@@ -339,7 +357,7 @@ mod tests {
     fn a_pod_lookup_judges_only_holders_of_the_uid_it_was_made_for() {
         use crate::kube::fake::FakeApi;
         let api = FakeApi::default();
-        let inspector = KubeInspector::new(&api, NodeFacts::default());
+        let inspector = KubeInspector::api_only(&api);
         // The old rs0-0 (uid-1) is gone...
         let v = inspector.verdict(&holder(), None);
         assert!(
@@ -436,5 +454,16 @@ mod tests {
         );
         // Only the StatefulSet lookup above was added.
         assert_eq!(api.calls.borrow().len(), 2, "{:?}", api.calls.borrow());
+        // Not proven to run on any node, it asks the API even about a
+        // holder whose netns path is missing here or whose boot id is
+        // another: the pod runs.
+        let elsewhere = KubeInspector::api_only(&api);
+        h.boot_id = "another-boot".into();
+        let v = elsewhere.verdict(&h, None);
+        assert!(
+            !v.is_dead() && v.reason().contains("still running"),
+            "{v:?}"
+        );
+        assert_eq!(api.count("get pod"), 2, "{:?}", api.calls.borrow());
     }
 }
