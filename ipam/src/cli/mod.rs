@@ -236,9 +236,9 @@ claims [--dir DIR | --kubeconfig PATH | --in-cluster] [--network NET] [--node NA
 release --network NET (--ip IP | --identity ID | --file NAME) [--force] [store options]
   Removes a claim. Refused while its holder is considered alive, unless
   --force; liveness as for claims (a node's own evidence only on that node,
-  and stderr says which). --file removes a damaged record named by `claims` or by an error
-  (a claim's file name, or identities/NAME, holders/NAME) and rebuilds the
-  network's indexes."
+  and stderr says which). --file removes a damaged record named by `claims`
+  or by an error (a claim's file name, or identities/NAME, holders/NAME)
+  and rebuilds the network's indexes."
         }
         "reconcile" => {
             "\
