@@ -542,6 +542,10 @@ fn api_faults_keep_the_invariants() {
     // claim for liveness (kubelet must not loop on DEL): one reconcile
     // sweep must explain every such claim, and then the stored objects
     // must obey section 3.
+    // This machine is node1, whose pods' netns paths it sees, as the
+    // installer's nodename file says on a real node.
+    std::fs::write(api.kubeconfig.with_file_name("nodename"), api.node(1))
+        .expect("write the nodename file");
     let sweep = std::process::Command::new("ip")
         .args(["netns", "exec", &topo.node(0).netns])
         .arg(our_plugin())

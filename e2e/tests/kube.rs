@@ -537,6 +537,11 @@ fn installer_lays_out_a_node() {
 }
 
 fn cli(topo: &Topology, api: &KubeApi, args: &[&str]) -> (bool, String) {
+    // The CLI runs beside node1's pods and sees their netns paths: this
+    // machine is node1, as the installer's nodename file beside the
+    // plugin's kubeconfig says on a real node (`--node` counts only there).
+    std::fs::write(api.kubeconfig.with_file_name("nodename"), api.node(1))
+        .expect("write the nodename file");
     let out = Command::new("ip")
         .args(["netns", "exec", &topo.node(0).netns])
         .arg(our_plugin())

@@ -154,15 +154,10 @@ impl Backend {
         }
     }
 
-    /// The liveness judge with `node`'s evidence. On the kubernetes store
-    /// `NodeFacts::default()` (no node) leaves the verdict to the API alone.
-    pub fn inspector(&self, node: NodeFacts) -> StoreResult<Box<dyn Inspector + '_>> {
-        self.inspector_knowing(node, None)
-    }
-
-    /// The same, knowing one pod already ("namespace/name" and its facts,
-    /// read moments ago by this ADD): the kubernetes judge asks no more
-    /// about it.
+    /// The liveness judge of this node (`node`, the plugin's own), knowing
+    /// one pod already ("namespace/name" and its facts, read moments ago
+    /// by this ADD): the kubernetes judge asks no more about it. The CLI,
+    /// which may run anywhere, judges through `cli::judge` instead.
     pub fn inspector_knowing(
         &self,
         node: NodeFacts,

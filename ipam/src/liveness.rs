@@ -12,6 +12,123 @@ pub struct NodeFacts {
     pub boot_id: String,
 }
 
+/// What this machine says of itself (read by `system::here`), from which
+/// an operator command decides whose node-local evidence it holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Here {
+    pub hostname: String,
+    /// Empty when it could not be read.
+    pub boot_id: String,
+    /// The installer's `nodename` file: where it was read and the node it
+    /// names; None when there is none.
+    pub nodename: Option<(String, String)>,
+    /// Where that file was looked for, for the messages.
+    pub looked: Vec<String>,
+}
+
+/// What the API says of the boot of the node an operator command names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeBoot {
+    /// The Node's `status.nodeInfo.bootID`.
+    Reported(String),
+    /// The Node exists and reports none.
+    NotReported,
+    /// The API has no Node of that name.
+    NoNode,
+    /// The Node could not be read (why).
+    Unknown(String),
+}
+
+/// Where an operator command's verdicts on the kubernetes store get their
+/// evidence, decided once per command by `node_evidence`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Evidence {
+    /// This machine is proven to be `facts.node`: its boot id and netns
+    /// paths are evidence about that node's holders, then the API.
+    ThisNode { facts: NodeFacts, proof: String },
+    /// The API alone: no machine's boot id or netns paths are looked at.
+    ApiOnly { why: String },
+}
+
+impl Evidence {
+    /// What verdicts are judged from, and why, for the command's output.
+    pub fn describe(&self) -> String {
+        match self {
+            Evidence::ThisNode { facts, proof } => format!(
+                "node {}'s own evidence (its boot id and netns paths) and the kubernetes API: this machine is {}: {proof}",
+                facts.node, facts.node
+            ),
+            Evidence::ApiOnly { why } => format!("the kubernetes API only: {why}"),
+        }
+    }
+}
+
+/// Whether this machine (`here`) may judge holders of `requested` (the
+/// command's `--node`) by its own boot id and netns paths. Only when it
+/// provably is that node: the installer's nodename file names it, and the
+/// Node's boot id (`boot`, from the API) is this machine's or unreported.
+/// A boot id alone proves nothing, since nodes that share one kernel (the
+/// local cluster's, kind's) share it. Anything else: the API alone.
+pub fn node_evidence(requested: Option<&str>, here: &Here, boot: &NodeBoot) -> Evidence {
+    let api_only = |why: String| Evidence::ApiOnly { why };
+    let Some(node) = requested else {
+        return api_only("no --node was given".into());
+    };
+    if here.boot_id.is_empty() {
+        return api_only(format!(
+            "this machine's boot id could not be read, so nothing proves it is {node}"
+        ));
+    }
+    match boot {
+        NodeBoot::Reported(theirs) if *theirs != here.boot_id => {
+            return api_only(format!(
+                "this machine is not {node} (boot id differs: this machine's is {}, Node {node} reports {theirs})",
+                here.boot_id
+            ))
+        }
+        NodeBoot::NoNode => {
+            return api_only(format!(
+                "the kubernetes API has no Node {node}: check --node"
+            ))
+        }
+        _ => {}
+    }
+    let path = match &here.nodename {
+        None => {
+            return api_only(format!(
+                "this machine is not proven to be {node}: it has no nodename file of the installer ({}); run the command on {node} to use its netns paths",
+                if here.looked.is_empty() { "none looked for".into() } else { here.looked.join(", ") }
+            ))
+        }
+        Some((path, name)) if name != node => {
+            return api_only(format!(
+                "this machine is {name} (the installer's nodename file {path}), not {node}"
+            ))
+        }
+        Some((path, _)) => path,
+    };
+    let proof = match boot {
+        NodeBoot::Unknown(why) => {
+            return api_only(format!(
+                "Node {node} could not be read to compare its boot id with this machine's ({why})"
+            ))
+        }
+        NodeBoot::Reported(_) => format!(
+            "the installer's nodename file {path} names it, and Node {node} reports this machine's boot id"
+        ),
+        _ => format!(
+            "the installer's nodename file {path} names it (Node {node} reports no boot id to compare)"
+        ),
+    };
+    Evidence::ThisNode {
+        facts: NodeFacts {
+            node: node.to_string(),
+            boot_id: here.boot_id.clone(),
+        },
+        proof,
+    }
+}
+
 /// What the caller is, when a verdict is asked for on its behalf.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Caller {
@@ -282,6 +399,135 @@ mod tests {
             let v = judge(&holder(), caller, &facts, ns);
             assert_eq!(v.is_dead(), dead, "{v:?}");
             assert!(v.reason().contains(why), "{v:?} lacks {why:?}");
+        }
+    }
+
+    /// (case, --node, this machine, the Node's boot, this node's evidence?,
+    /// the output says)
+    type EvidenceCase = (
+        &'static str,
+        Option<&'static str>,
+        Here,
+        NodeBoot,
+        bool,
+        &'static str,
+    );
+
+    #[test]
+    fn where_the_evidence_comes_from() {
+        let here = |nodename: Option<&str>, boot: &str| Here {
+            hostname: "host".into(),
+            boot_id: boot.into(),
+            nodename: nodename
+                .map(|n| ("/etc/cni/net.d/sticky-macvlan.d/nodename".into(), n.into())),
+            looked: vec!["/etc/cni/net.d/sticky-macvlan.d/nodename".into()],
+        };
+        let reported = NodeBoot::Reported("b2".into());
+        let cases: Vec<EvidenceCase> = vec![
+            (
+                "no --node",
+                None,
+                here(Some("node2"), "b2"),
+                NodeBoot::NotReported,
+                false,
+                "no --node was given",
+            ),
+            (
+                "on node2, boot ids equal",
+                Some("node2"),
+                here(Some("node2"), "b2"),
+                reported.clone(),
+                true,
+                "reports this machine's boot id",
+            ),
+            (
+                "on node2, no boot id reported",
+                Some("node2"),
+                here(Some("node2"), "b2"),
+                NodeBoot::NotReported,
+                true,
+                "reports no boot id to compare",
+            ),
+            (
+                "a workstation",
+                Some("node2"),
+                here(None, "b9"),
+                reported.clone(),
+                false,
+                "this machine is not node2 (boot id differs",
+            ),
+            (
+                "a copied nodename file",
+                Some("node2"),
+                here(Some("node2"), "b9"),
+                reported.clone(),
+                false,
+                "boot id differs",
+            ),
+            (
+                "a host sharing node2's kernel",
+                Some("node2"),
+                here(None, "b2"),
+                reported.clone(),
+                false,
+                "no nodename file of the installer (/etc/cni/net.d/sticky-macvlan.d/nodename)",
+            ),
+            (
+                "another node",
+                Some("node2"),
+                here(Some("node1"), "b2"),
+                reported.clone(),
+                false,
+                "this machine is node1 (the installer's nodename file",
+            ),
+            (
+                "no such Node",
+                Some("node9"),
+                here(Some("node9"), "b2"),
+                NodeBoot::NoNode,
+                false,
+                "has no Node node9: check --node",
+            ),
+            (
+                "the Node unreadable",
+                Some("node2"),
+                here(Some("node2"), "b2"),
+                NodeBoot::Unknown("timeout".into()),
+                false,
+                "could not be read to compare its boot id with this machine's (timeout)",
+            ),
+            (
+                "no boot id here",
+                Some("node2"),
+                here(Some("node2"), ""),
+                reported.clone(),
+                false,
+                "boot id could not be read",
+            ),
+        ];
+        for (case, requested, here, boot, local, says) in cases {
+            let evidence = node_evidence(requested, &here, &boot);
+            match &evidence {
+                Evidence::ThisNode { facts, .. } => {
+                    assert!(local, "{case}: {evidence:?}");
+                    assert_eq!(facts, &node("node2", "b2"), "{case}");
+                    assert!(
+                        evidence.describe().starts_with("node node2's own evidence"),
+                        "{case}"
+                    );
+                }
+                Evidence::ApiOnly { .. } => {
+                    assert!(!local, "{case}: {evidence:?}");
+                    assert!(
+                        evidence.describe().starts_with("the kubernetes API only: "),
+                        "{case}"
+                    );
+                }
+            }
+            assert!(
+                evidence.describe().contains(says),
+                "{case}: {evidence:?} lacks {says:?}"
+            );
         }
     }
 

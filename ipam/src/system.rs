@@ -2,13 +2,13 @@
 //! boot this is, and whether a holder's netns is still the one it recorded.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::claim::Holder;
 use crate::cri::{CriClient, SandboxRuntime};
 use crate::liveness::{
-    is_local, judge, judge_by_runtime, needs_runtime, Caller, Inspector, NetnsState, NodeFacts,
-    Verdict,
+    is_local, judge, judge_by_runtime, needs_runtime, Caller, Here, Inspector, NetnsState,
+    NodeFacts, Verdict,
 };
 
 fn read_trimmed(path: &str) -> Option<String> {
@@ -26,6 +26,46 @@ pub fn node_facts(node_name: Option<&str>) -> NodeFacts {
             .or_else(|| read_trimmed("/proc/sys/kernel/hostname"))
             .unwrap_or_else(|| "localhost".into()),
         boot_id: read_trimmed("/proc/sys/kernel/random/boot_id").unwrap_or_default(),
+    }
+}
+
+/// Where `sticky-macvlan install` writes the node's name on the host,
+/// beside the plugin's kubeconfig (`--host-conf-dir`'s default).
+pub const INSTALLED_NODENAME: &str = "/etc/cni/net.d/sticky-macvlan.d/nodename";
+
+/// What this machine says of itself: hostname, boot id, and the
+/// installer's `nodename` file, looked for beside `kubeconfig` (as the
+/// plugin reads it) and then at `INSTALLED_NODENAME`.
+pub fn here(kubeconfig: Option<&Path>) -> Here {
+    let beside = kubeconfig.map(|k| match k.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.join("nodename"),
+        _ => PathBuf::from("nodename"),
+    });
+    let mut looked = Vec::new();
+    let mut nodename = None;
+    for path in beside
+        .into_iter()
+        .chain([PathBuf::from(INSTALLED_NODENAME)])
+    {
+        let shown = path.display().to_string();
+        if looked.contains(&shown) {
+            continue;
+        }
+        looked.push(shown.clone());
+        let name = std::fs::read_to_string(&path)
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty());
+        if let Some(name) = name {
+            nodename = Some((shown, name));
+            break;
+        }
+    }
+    Here {
+        hostname: read_trimmed("/proc/sys/kernel/hostname").unwrap_or_else(|| "localhost".into()),
+        boot_id: read_trimmed("/proc/sys/kernel/random/boot_id").unwrap_or_default(),
+        nodename,
+        looked,
     }
 }
 

@@ -16,14 +16,17 @@ use crate::claim::{now_secs, Claim, Holder};
 use crate::config::DEFAULT_STORE_DIR;
 use crate::engine::{plan_reconcile, plan_release, plan_retire, ReleaseTarget, Released};
 use crate::kube::client::KubeClient;
-use crate::liveness::{Inspector, NodeFacts, Verdict};
+use crate::kube::KubeApi;
+use crate::liveness::{Inspector, Verdict};
 use crate::store::file::FileStore;
 use crate::store::ipclaim::ORPHAN_LOCK_GRACE_SECS;
 use crate::store::retry::with_retries;
-use crate::store::{ClaimStore, Plan, PlanError, PlanResult, StoreError};
-use crate::system::node_facts;
+use crate::store::{ClaimStore, Plan, PlanError, PlanResult, StoreError, StoreResult};
+use crate::system::here;
+use judge::Judge;
 
 mod import;
+mod judge;
 pub mod metrics;
 mod stop;
 
@@ -55,7 +58,11 @@ pub const STORE_OPTIONS: &str = "\
   --timeout-ms MS     per-request timeout for the kubernetes API (default 10000)
   --network NAME      only this network (required by release and import)
   --node NAME         this node's name for liveness (file store default: the
-                      hostname; kubernetes store default: none, the API decides)
+                      hostname; kubernetes store default: none, the API decides;
+                      its boot id and netns paths count only where this machine
+                      is proven to be NAME: the installer's nodename file, beside
+                      --kubeconfig or in /etc/cni/net.d/sticky-macvlan.d/, names
+                      it, and Node NAME reports no other boot id)
   --cri-socket PATH   the container runtime's CRI socket, asked whether the
                       sandbox of an imported host-local holder still exists
                       (default /run/containerd/containerd.sock; \"\" asks none)
@@ -169,25 +176,22 @@ impl Opts {
         })
     }
 
-    /// The liveness judge and where it judges from. The file store is one
-    /// node's: its evidence is this node's. On the kubernetes store the API
-    /// alone decides unless a node is named, so `claims` run anywhere says
-    /// what any node would.
-    fn inspector<'a>(&self, backend: &'a Backend) -> CniResult<(Box<dyn Inspector + 'a>, String)> {
-        let (facts, from) = match (backend.is_kube(), self.node.as_deref()) {
-            (true, None) => (NodeFacts::default(), "the kubernetes API".to_string()),
-            (true, node) => {
-                let facts = node_facts(node);
-                let from = format!("node {} and the kubernetes API", facts.node);
-                (facts, from)
+    /// The liveness judge and where it judges from, decided once. The file
+    /// store is one node's: its evidence is this node's. On the kubernetes
+    /// store the API alone decides unless a node is named and this machine
+    /// provably is that node (`liveness::node_evidence`), so a command run
+    /// anywhere else says what any node would.
+    fn judge<'b>(&self, backend: &'b Backend) -> CniResult<Judge<'b>> {
+        let here = here(self.values.get("--kubeconfig").map(std::path::Path::new));
+        Ok(match backend {
+            Backend::File { cri_socket, .. } => {
+                Judge::file(self.node.as_deref(), &here, cri_socket.clone())
             }
-            (false, node) => {
-                let facts = node_facts(node);
-                let from = format!("node {}", facts.node);
-                (facts, from)
+            Backend::Kube { .. } => {
+                let api: &dyn KubeApi = backend.client()?;
+                Judge::kube(api, self.node.as_deref(), &here)
             }
-        };
-        Ok((backend.inspector(facts)?, from))
+        })
     }
 
     /// The networks to act on; a named one must already have claims (a
@@ -223,21 +227,26 @@ claims [--dir DIR | --kubeconfig PATH | --in-cluster] [--network NET] [--node NA
   --json gives each claim with \"state\", \"reason\" and \"judgedFrom\".
   On the kubernetes store the state is judged from the API alone, as any
   node would, so it does not depend on where the command runs; --node NAME
-  adds that node's own evidence (its netns paths), as an ADD there does."
+  adds that node's own evidence (its boot id and netns paths), as an ADD
+  there does, only when this machine is proven to be NAME (see --node);
+  stderr, and \"evidence\" in --json, say which was used."
         }
         "release" => {
             "\
 release --network NET (--ip IP | --identity ID | --file NAME) [--force] [store options]
   Removes a claim. Refused while its holder is considered alive, unless
-  --force. --file removes a damaged record named by `claims` or by an error
-  (a claim's file name, or identities/NAME, holders/NAME) and rebuilds the
-  network's indexes."
+  --force; liveness as for claims (a node's own evidence only on that node,
+  and stderr says which). --file removes a damaged record named by `claims`
+  or by an error (a claim's file name, or identities/NAME, holders/NAME)
+  and rebuilds the network's indexes."
         }
         "reconcile" => {
             "\
 reconcile [store options] [--network NET] [--interval SECONDS] [--keep-retired] [--metrics-addr ADDR]
   Releases every holder confirmed dead, once or every --interval seconds,
-  printing a summary line per sweep; SIGTERM stops it between sweeps. On
+  printing a summary line per sweep; SIGTERM stops it between sweeps.
+  Liveness as for claims (stderr says which evidence); every network, and
+  every attempt after a lost race, is judged by lookups of its own. On
   the kubernetes store it also retires the sticky claims their network's
   ipam.retention gives up (by default those of deleted StatefulSets) unless
   --keep-retired, and with
@@ -456,7 +465,9 @@ impl Opts {
 fn claims(opts: &Opts) -> CniResult<()> {
     let output = opts.output()?;
     let backend = opts.backend()?;
-    let (inspector, judged_from) = opts.inspector(&backend)?;
+    let judge = opts.judge(&backend)?;
+    let judged_from = judge.from();
+    let evidence = judge.describe();
     let now = now_secs();
     let mut rows = vec![[
         "NETWORK",
@@ -476,10 +487,11 @@ fn claims(opts: &Opts) -> CniResult<()> {
     for network in opts.networks(&backend)? {
         let mut store = backend.open(&network, vec![])?;
         let listing = store.list()?;
+        let inspector = judge.inspector();
         for c in listing.claims.iter().filter(|c| opts.in_namespace(c)) {
             let h = c.holder.as_ref();
             let (st, reason) = state(c, inspector.as_ref());
-            json.push(serde_json::json!({"network": network, "claim": c, "state": st, "reason": reason, "judgedFrom": judged_from}));
+            json.push(serde_json::json!({"network": network, "claim": c, "state": st, "reason": reason, "judgedFrom": judged_from, "evidence": evidence}));
             rows.push([
                 network.clone(),
                 c.ip.to_string(),
@@ -553,7 +565,7 @@ fn claims(opts: &Opts) -> CniResult<()> {
         }),
         Output::Wide => {}
     }
-    eprintln!("states judged from {judged_from}");
+    eprintln!("states judged from {evidence}");
     let widths: Vec<usize> = (0..11)
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();
@@ -596,12 +608,10 @@ fn release(opts: &Opts) -> CniResult<()> {
                 ))
             }
         };
-    let (inspector, _) = opts.inspector(&backend)?;
+    let judge = opts.judge(&backend)?;
+    eprintln!("release: verdicts from {}", judge.describe());
     let mut store = backend.open(&network, vec![])?;
-    let force = opts.flag("--force");
-    let (_, released) = with_retries(&mut store, "release", |s| {
-        plan_release(s, inspector.as_ref(), &network, &target, force, now_secs())
-    })?;
+    let released = release_on(&mut store, &judge, &network, &target, opts.flag("--force"))?;
     for c in &released {
         println!(
             "released {} (identity {:?}) on network {network}",
@@ -609,6 +619,29 @@ fn release(opts: &Opts) -> CniResult<()> {
         );
     }
     Ok(())
+}
+
+/// Releases `target` of `network` in `store`, refused while its holder is
+/// alive unless `force`.
+fn release_on(
+    store: &mut dyn ClaimStore,
+    judge: &Judge,
+    network: &str,
+    target: &ReleaseTarget,
+    force: bool,
+) -> CniResult<Vec<Claim>> {
+    // Each attempt judges with lookups of its own.
+    let (_, released) = with_retries(store, "release", |s| {
+        plan_release(
+            s,
+            judge.inspector().as_ref(),
+            network,
+            target,
+            force,
+            now_secs(),
+        )
+    })?;
+    Ok(released)
 }
 
 fn reconcile(opts: &Opts) -> CniResult<()> {
@@ -624,6 +657,8 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
         },
     };
     let backend = opts.backend()?;
+    let judge = opts.judge(&backend)?;
+    eprintln!("reconcile: verdicts from {}", judge.describe());
     let retire = backend.is_kube() && !opts.flag("--keep-retired");
     let mut metrics = metrics::Metrics::default();
     let page = Arc::new(Mutex::new(metrics.render()));
@@ -644,7 +679,7 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
     loop {
         let t0 = Instant::now();
         let gauges = serving.is_some();
-        let swept = sweep(opts, &backend, retire, gauges, &mut metrics);
+        let swept = sweep(opts, &backend, &judge, retire, gauges, &mut metrics);
         let api_failed = matches!(&swept, Err(e) if e.code == cni::code::STORE_UNREACHABLE || e.code == cni::code::STORE_REFUSED);
         if api_failed {
             metrics.api_error();
@@ -678,61 +713,16 @@ fn reconcile(opts: &Opts) -> CniResult<()> {
 fn sweep(
     opts: &Opts,
     backend: &Backend,
+    judge: &Judge,
     retire: bool,
     gauges: bool,
     metrics: &mut metrics::Metrics,
 ) -> CniResult<()> {
-    let (inspector, _) = opts.inspector(backend)?;
-    let mut released = 0;
-    let mut retired = 0;
-    let mut alive = 0;
-    let mut raced = Vec::new();
     let networks = opts.networks(backend)?;
-    let mut figures = BTreeMap::new();
-    for network in &networks {
-        let mut store = backend.open(network, vec![])?;
-        let swept = with_retries(&mut store, "reconcile", |s| {
-            let (plan, gone, live) = plan_reconcile(s, inspector.as_ref(), now_secs())?;
-            Ok((plan, (gone, live)))
-        });
-        match sweep_outcome(swept, network, "released")? {
-            Some((gone, live)) => {
-                released += gone.len();
-                metrics.released(network, gone.len() as u64);
-                alive += live;
-            }
-            None => raced.push(network.clone()),
-        }
-        if let crate::backend::Store::Kube(kube) = &mut store {
-            for ip in kube.sweep_orphan_locks(ORPHAN_LOCK_GRACE_SECS)? {
-                println!("{network}: unlocked {ip}: an ADD left its lock and no claim more than {ORPHAN_LOCK_GRACE_SECS} s ago");
-            }
-        }
-        if retire {
-            let swept = with_retries(&mut store, "retire", |s| {
-                let (plan, out) = plan_retire(s, inspector.as_ref(), now_secs())?;
-                Ok((plan, (out, 0)))
-            });
-            match sweep_outcome(swept, network, "retired")? {
-                Some((out, _)) => retired += out.len(),
-                None => raced.push(network.clone()),
-            }
-        }
-        if !gauges {
-            continue;
-        }
-        let mut g = metrics::NetworkGauges::default();
-        for c in &store.list()?.claims {
-            match state(c, inspector.as_ref()).0 {
-                "held" => g.held += 1,
-                "dead" => g.dead += 1,
-                _ => g.reserved += u64::from(c.sticky),
-            }
-        }
-        figures.insert(network.clone(), g);
-    }
+    let open = |network: &str| backend.open(network, vec![]);
+    let mut tally = sweep_networks(&networks, &open, judge, retire, gauges, metrics)?;
     if !gauges {
-        summary(&networks, released, retired, alive, &raced);
+        summary(&networks, &tally);
         return Ok(());
     }
     if let Backend::Kube {
@@ -743,7 +733,7 @@ fn sweep(
         match client.nad_configs() {
             Ok(configs) => {
                 for (network, size) in metrics::ranges_of(&configs) {
-                    figures.entry(network).or_default().range = Some(size);
+                    tally.figures.entry(network).or_default().range = Some(size);
                 }
             }
             Err(e) => {
@@ -751,7 +741,7 @@ fn sweep(
                 eprintln!("reconcile: metrics: {e}");
                 for (network, last) in &metrics.networks {
                     if let Some(range) = last.range {
-                        figures.entry(network.clone()).or_default().range = Some(range);
+                        tally.figures.entry(network.clone()).or_default().range = Some(range);
                     }
                 }
             }
@@ -764,13 +754,91 @@ fn sweep(
             }
         }
     }
-    metrics.networks = figures;
-    summary(&networks, released, retired, alive, &raced);
+    metrics.networks = std::mem::take(&mut tally.figures);
+    summary(&networks, &tally);
     Ok(())
 }
 
+/// What a sweep did, for its summary line and the metrics' gauges.
+#[derive(Debug, Default)]
+struct Tally {
+    released: usize,
+    retired: usize,
+    alive: usize,
+    /// Networks skipped after losing every race (the next sweep sees them).
+    raced: Vec<String>,
+    figures: BTreeMap<String, metrics::NetworkGauges>,
+}
+
+/// The sweep's work on each network's store (`open`): release dead
+/// holders, unlock orphan locks, retire (with `retire`), and with `gauges`
+/// count the network's claims by state. Every plan, and every attempt of
+/// one, judges with a new inspector: a pod looked up for one network, or
+/// before a lost race, may have been re-created since.
+fn sweep_networks<'a>(
+    networks: &[String],
+    open: &dyn Fn(&str) -> StoreResult<crate::backend::Store<'a>>,
+    judge: &Judge<'a>,
+    retire: bool,
+    gauges: bool,
+    metrics: &mut metrics::Metrics,
+) -> CniResult<Tally> {
+    let mut tally = Tally::default();
+    for network in networks {
+        let mut store = open(network)?;
+        let swept = with_retries(&mut store, "reconcile", |s| {
+            let (plan, gone, live) = plan_reconcile(s, judge.inspector().as_ref(), now_secs())?;
+            Ok((plan, (gone, live)))
+        });
+        match sweep_outcome(swept, network, "released")? {
+            Some((gone, live)) => {
+                tally.released += gone.len();
+                metrics.released(network, gone.len() as u64);
+                tally.alive += live;
+            }
+            None => tally.raced.push(network.clone()),
+        }
+        if let crate::backend::Store::Kube(kube) = &mut store {
+            for ip in kube.sweep_orphan_locks(ORPHAN_LOCK_GRACE_SECS)? {
+                println!("{network}: unlocked {ip}: an ADD left its lock and no claim more than {ORPHAN_LOCK_GRACE_SECS} s ago");
+            }
+        }
+        if retire {
+            let swept = with_retries(&mut store, "retire", |s| {
+                let (plan, out) = plan_retire(s, judge.inspector().as_ref(), now_secs())?;
+                Ok((plan, (out, 0)))
+            });
+            match sweep_outcome(swept, network, "retired")? {
+                Some((out, _)) => tally.retired += out.len(),
+                None => tally.raced.push(network.clone()),
+            }
+        }
+        if !gauges {
+            continue;
+        }
+        let mut g = metrics::NetworkGauges::default();
+        let inspector = judge.inspector();
+        for c in &store.list()?.claims {
+            match state(c, inspector.as_ref()).0 {
+                "held" => g.held += 1,
+                "dead" => g.dead += 1,
+                _ => g.reserved += u64::from(c.sticky),
+            }
+        }
+        tally.figures.insert(network.clone(), g);
+    }
+    Ok(tally)
+}
+
 /// The sweep's summary line.
-fn summary(networks: &[String], released: usize, retired: usize, alive: usize, raced: &[String]) {
+fn summary(networks: &[String], tally: &Tally) {
+    let Tally {
+        released,
+        retired,
+        alive,
+        raced,
+        ..
+    } = tally;
     println!(
         "reconcile: {} networks, {released} dead holders released, {retired} sticky claims of deleted StatefulSets retired, {alive} live holders kept{}",
         networks.len(),

@@ -135,3 +135,303 @@ fn whereabouts_allocations_are_offsets_from_their_pools_range() {
         assert!(e.contains(says), "{e}");
     }
 }
+
+// --- Where verdicts get their evidence (issue 26, items 2 and 3) ---
+
+use crate::claim::{Claim, Holder};
+use crate::engine::ReleaseTarget;
+use crate::kube::fake::FakeApi;
+use crate::kube::{ClaimObject, ClusterNode, LockObject};
+use crate::liveness::Here;
+use crate::pod::PodFacts;
+use crate::store::ipclaim::KubeStore;
+
+const NODE2_BOOT: &str = "b-node2";
+
+/// A holder on `node` in `boot`, whose netns path does not exist on the
+/// machine that runs the tests.
+fn holder_of(pod: &str, uid: &str, node: &str, boot: &str) -> Holder {
+    Holder {
+        container_id: format!("c-{uid}"),
+        ifname: "net1".into(),
+        netns: format!("/var/run/netns/cni-{uid}-not-on-this-machine"),
+        netns_id: None,
+        pod_namespace: Some("db".into()),
+        pod_name: Some(pod.into()),
+        pod_uid: Some(uid.into()),
+        node: node.into(),
+        boot_id: boot.into(),
+        since: 0,
+    }
+}
+
+/// A sticky claim of `network` at `ip` held by `holder`, with its lock,
+/// as the plugin leaves them.
+fn seed(api: &FakeApi, network: &str, ip: &str, identity: &str, holder: Holder) {
+    let ip: std::net::IpAddr = ip.parse().unwrap();
+    let lock = api
+        .create_lock(&LockObject {
+            network: network.into(),
+            ip,
+            identity: identity.into(),
+            created: 0,
+            uid: None,
+            node: Some(holder.node.clone()),
+        })
+        .unwrap();
+    api.create_claim(&ClaimObject {
+        network: network.into(),
+        claim: Claim {
+            ip,
+            identity: identity.into(),
+            sticky: true,
+            holder: Some(holder),
+            owner: None,
+            namespace: Some("db".into()),
+            created: 0,
+            updated: 0,
+            unconfirmed: None,
+        },
+        resource_version: None,
+        lock_uid: lock.uid,
+    })
+    .unwrap();
+}
+
+fn run_pod(api: &FakeApi, pod: &str, uid: &str) {
+    api.pods.borrow_mut().insert(
+        format!("db/{pod}"),
+        PodFacts {
+            uid: uid.into(),
+            phase: Some("Running".into()),
+            ..PodFacts::default()
+        },
+    );
+}
+
+/// The holder of `network`'s claim at `ip`, as stored.
+fn holder_at(api: &FakeApi, network: &str, ip: &str) -> Option<Holder> {
+    api.claims
+        .borrow()
+        .values()
+        .find(|o| o.network == network && o.claim.ip.to_string() == ip)
+        .and_then(|o| o.claim.holder.clone())
+}
+
+/// The new db-0 (UID uid-2) is running and has taken over `network`'s
+/// claim at `ip` from its predecessor (UID uid-1), as its ADD does.
+fn recreate_db0_taking(network: &'static str, ip: &'static str) -> crate::kube::fake::Race {
+    Box::new(move |api: &FakeApi| {
+        run_pod(api, "db-0", "uid-2");
+        let rv = api.next_rv();
+        let mut claims = api.claims.borrow_mut();
+        let obj = claims
+            .values_mut()
+            .find(|o| o.network == network && o.claim.ip.to_string() == ip)
+            .unwrap();
+        obj.claim.holder = Some(holder_of("db-0", "uid-2", "node1", "b-node1"));
+        obj.resource_version = Some(rv);
+    })
+}
+
+fn api_only(api: &FakeApi) -> Judge<'_> {
+    Judge::kube(api, None, &Here::default())
+}
+
+#[test]
+fn release_with_node_from_a_machine_that_is_not_that_node_refuses_a_live_holder() {
+    let api = FakeApi::default();
+    api.nodes.borrow_mut().insert(
+        "node2".into(),
+        ClusterNode {
+            ready: Some(true),
+            ..ClusterNode::default()
+        },
+    );
+    run_pod(&api, "sb-0", "uid-1");
+    let ip = "172.31.59.2";
+    seed(
+        &api,
+        "fabric",
+        ip,
+        "db/sb-0",
+        holder_of("sb-0", "uid-1", "node2", NODE2_BOOT),
+    );
+    // `kubectl sticky release --network fabric --ip IP --node node2` run
+    // from a workstation (another boot id), and from the host of the local
+    // cluster, whose nodes share its kernel and so its boot id, but not
+    // its mounts: neither has the installer's nodename file, and on
+    // neither does the holder's netns path exist.
+    for (machine, boot_id) in [("the host", NODE2_BOOT), ("a workstation", "b-workstation")] {
+        let here = Here {
+            hostname: "host".into(),
+            boot_id: boot_id.into(),
+            nodename: None,
+            looked: vec![crate::system::INSTALLED_NODENAME.into()],
+        };
+        let judge = Judge::kube(&api, Some("node2"), &here);
+        let mut store = KubeStore::new(&api, "fabric", None, vec![]);
+        let target = ReleaseTarget::Address(ip.parse().unwrap());
+        let refused = release_on(&mut store, &judge, "fabric", &target, false);
+        let e = refused.expect_err(machine);
+        assert!(e.msg.contains("still running"), "{machine}: {}", e.msg);
+        assert!(holder_at(&api, "fabric", ip).is_some(), "{machine}");
+        assert!(
+            judge
+                .describe()
+                .starts_with("the kubernetes API only: this machine is not"),
+            "{machine}: {}",
+            judge.describe()
+        );
+    }
+    // A nodename file copied from node2 onto a machine of another boot.
+    api.nodes.borrow_mut().get_mut("node2").unwrap().boot_id = Some(NODE2_BOOT.into());
+    let copied = Here {
+        hostname: "host".into(),
+        boot_id: "b-workstation".into(),
+        nodename: Some((
+            "/etc/cni/net.d/sticky-macvlan.d/nodename".into(),
+            "node2".into(),
+        )),
+        looked: vec![],
+    };
+    let judge = Judge::kube(&api, Some("node2"), &copied);
+    assert!(
+        judge.describe().contains("boot id differs"),
+        "{}",
+        judge.describe()
+    );
+    let mut store = KubeStore::new(&api, "fabric", None, vec![]);
+    let target = ReleaseTarget::Address(ip.parse().unwrap());
+    assert!(release_on(&mut store, &judge, "fabric", &target, false).is_err());
+    // On node2 itself, where the sandbox's netns is gone, node2's own
+    // evidence frees the claim whose pod object still says Running.
+    let on_node2 = Here {
+        boot_id: NODE2_BOOT.into(),
+        ..copied
+    };
+    let judge = Judge::kube(&api, Some("node2"), &on_node2);
+    assert_eq!(judge.from(), "node node2 and the kubernetes API");
+    let released = release_on(&mut store, &judge, "fabric", &target, false).unwrap();
+    assert_eq!(released.len(), 1);
+    assert_eq!(holder_at(&api, "fabric", ip), None);
+}
+
+#[test]
+fn a_sweep_judges_each_network_by_its_own_lookups() {
+    // The old db-0 (uid-1) held an address on two networks and is gone.
+    let api = FakeApi::default();
+    seed(
+        &api,
+        "net-a",
+        "10.0.0.5",
+        "db/db-0",
+        holder_of("db-0", "uid-1", "node1", "b-node1"),
+    );
+    seed(
+        &api,
+        "net-b",
+        "10.1.0.5",
+        "db/db-0",
+        holder_of("db-0", "uid-1", "node1", "b-node1"),
+    );
+    // While the sweep releases net-a's holder, the new db-0 takes net-b's
+    // claim over.
+    *api.race.borrow_mut() = Some(recreate_db0_taking("net-b", "10.1.0.5"));
+    let open = |n: &str| {
+        Ok(crate::backend::Store::Kube(Box::new(KubeStore::new(
+            &api,
+            n,
+            None,
+            vec![],
+        ))))
+    };
+    let networks = ["net-a".to_string(), "net-b".to_string()];
+    let judge = api_only(&api);
+    let mut metrics = metrics::Metrics::default();
+    let tally = sweep_networks(&networks, &open, &judge, false, false, &mut metrics).unwrap();
+    assert_eq!(holder_at(&api, "net-a", "10.0.0.5"), None, "the old pod's");
+    let kept = holder_at(&api, "net-b", "10.1.0.5").map(|h| h.pod_uid);
+    assert_eq!(kept, Some(Some("uid-2".into())), "the new pod's is live");
+    assert_eq!((tally.released, tally.alive), (1, 1), "{tally:?}");
+}
+
+#[test]
+fn a_plan_made_again_after_a_409_looks_the_pods_up_again() {
+    // The old db-0 (uid-1) is gone; reconcile releases its holder, and the
+    // new db-0's takeover lands first: the release meets a 409.
+    let api = FakeApi::default();
+    seed(
+        &api,
+        "net-b",
+        "10.1.0.5",
+        "db/db-0",
+        holder_of("db-0", "uid-1", "node1", "b-node1"),
+    );
+    *api.race.borrow_mut() = Some(recreate_db0_taking("net-b", "10.1.0.5"));
+    let open = |n: &str| {
+        Ok(crate::backend::Store::Kube(Box::new(KubeStore::new(
+            &api,
+            n,
+            None,
+            vec![],
+        ))))
+    };
+    let judge = api_only(&api);
+    let mut metrics = metrics::Metrics::default();
+    let tally = sweep_networks(
+        &["net-b".to_string()],
+        &open,
+        &judge,
+        false,
+        false,
+        &mut metrics,
+    )
+    .unwrap();
+    let kept = holder_at(&api, "net-b", "10.1.0.5").map(|h| h.pod_uid);
+    assert_eq!(kept, Some(Some("uid-2".into())), "the new pod's is live");
+    assert_eq!((tally.released, tally.alive), (0, 1), "{tally:?}");
+}
+
+#[test]
+fn a_later_networks_verdict_rests_on_a_lookup_of_its_own_plan() {
+    // db-0 (one UID) holds an address on two networks and runs; it has
+    // finished by the time the sweep reaches net-b.
+    let api = FakeApi::default();
+    run_pod(&api, "db-0", "uid-1");
+    seed(
+        &api,
+        "net-a",
+        "10.0.0.5",
+        "db/db-0",
+        holder_of("db-0", "uid-1", "node1", "b-node1"),
+    );
+    seed(
+        &api,
+        "net-b",
+        "10.1.0.5",
+        "db/db-0",
+        holder_of("db-0", "uid-1", "node1", "b-node1"),
+    );
+    let open = |n: &str| {
+        if n == "net-b" {
+            if let Some(p) = api.pods.borrow_mut().get_mut("db/db-0") {
+                p.phase = Some("Failed".into());
+            }
+        }
+        Ok(crate::backend::Store::Kube(Box::new(KubeStore::new(
+            &api,
+            n,
+            None,
+            vec![],
+        ))))
+    };
+    let networks = ["net-a".to_string(), "net-b".to_string()];
+    let judge = api_only(&api);
+    let mut metrics = metrics::Metrics::default();
+    let tally = sweep_networks(&networks, &open, &judge, false, false, &mut metrics).unwrap();
+    assert!(holder_at(&api, "net-a", "10.0.0.5").is_some());
+    assert_eq!(holder_at(&api, "net-b", "10.1.0.5"), None, "it finished");
+    assert_eq!((tally.released, tally.alive), (1, 1), "{tally:?}");
+    assert_eq!(api.count("get pod db/db-0"), 2, "{:?}", api.calls.borrow());
+}

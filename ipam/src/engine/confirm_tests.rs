@@ -30,12 +30,12 @@ fn a_sticky_address_reconcile_released_is_probed_on_its_next_grant() {
     let mut s = MemoryStore::default();
     // db-0 runs as pod a; reconcile judges it dead (a partitioned node
     // whose pod was force-deleted looks exactly like this to the API).
-    add(&c, &mut s, &Alive(vec![]), &req("db/db-0", true, "a")).unwrap();
+    add(&c, &mut s, &Alive(vec![]), &req("ns/db-0", true, "a")).unwrap();
     let (plan, released, _) = plan_reconcile(&mut s, &Alive(vec![]), 5).unwrap();
     assert_eq!(released.len(), 1);
     s.commit(&plan).unwrap();
     // The re-created db-0 finds its claim unheld: probed all the same.
-    let r = req("db/db-0", true, "b");
+    let r = req("ns/db-0", true, "b");
     let g = add(&c, &mut s, &Alive(vec![]), &r).unwrap();
     assert!(probed(&g[0], &r, Cluster), "{g:?}");
     // The probe heard nobody: the mark goes, and after b's own DEL the
@@ -43,7 +43,7 @@ fn a_sticky_address_reconcile_released_is_probed_on_its_next_grant() {
     confirm(&mut s, &g, "b");
     assert!(s.claims.values().all(|c| c.unconfirmed.is_none()));
     del(&mut s, "b");
-    let r = req("db/db-0", true, "c");
+    let r = req("ns/db-0", true, "c");
     let g = add(&c, &mut s, &Alive(vec![]), &r).unwrap();
     assert!(!probed(&g[0], &r, Cluster), "{g:?}");
 }
@@ -99,10 +99,10 @@ fn an_address_an_operator_released_is_probed_before_another_identity_binds_it() 
 fn a_takeover_killed_before_its_probe_leaves_the_address_to_be_probed() {
     let c = small();
     let mut s = MemoryStore::default();
-    add(&c, &mut s, &Alive(vec![]), &req("db/db-0", true, "a")).unwrap();
+    add(&c, &mut s, &Alive(vec![]), &req("ns/db-0", true, "a")).unwrap();
     // b takes over from the dead-judged a and is killed before its probe
     // (no confirmation): its retried ADD probes...
-    let r = req("db/db-0", true, "b");
+    let r = req("ns/db-0", true, "b");
     let g = add(&c, &mut s, &Alive(vec![]), &r).unwrap();
     assert!(probed(&g[0], &r, Cluster));
     let g = add(&c, &mut s, &Alive(vec![]), &r).unwrap();
@@ -112,7 +112,7 @@ fn a_takeover_killed_before_its_probe_leaves_the_address_to_be_probed() {
     );
     // ...and so does whoever comes after b's own DEL.
     del(&mut s, "b");
-    let r = req("db/db-0", true, "c");
+    let r = req("ns/db-0", true, "c");
     let g = add(&c, &mut s, &Alive(vec![]), &r).unwrap();
     assert!(probed(&g[0], &r, Cluster), "{g:?}");
 }
@@ -121,10 +121,10 @@ fn a_takeover_killed_before_its_probe_leaves_the_address_to_be_probed() {
 fn a_confirmation_clears_only_what_this_attachment_still_holds() {
     let c = small();
     let mut s = MemoryStore::default();
-    add(&c, &mut s, &Alive(vec![]), &req("db/db-0", true, "a")).unwrap();
-    let g = add(&c, &mut s, &Alive(vec![]), &req("db/db-0", true, "b")).unwrap();
+    add(&c, &mut s, &Alive(vec![]), &req("ns/db-0", true, "a")).unwrap();
+    let g = add(&c, &mut s, &Alive(vec![]), &req("ns/db-0", true, "b")).unwrap();
     // c took it over from b meanwhile: b's late confirmation changes nothing.
-    add(&c, &mut s, &Alive(vec![]), &req("db/db-0", true, "c")).unwrap();
+    add(&c, &mut s, &Alive(vec![]), &req("ns/db-0", true, "c")).unwrap();
     let plan = plan_confirm(&mut s, &[g[0].ip], "b", "net1").unwrap();
     assert!(plan.is_empty(), "{plan:?}");
     // Nothing to clear on a claim without the mark.
@@ -138,7 +138,7 @@ fn a_confirmation_clears_only_what_this_attachment_still_holds() {
 fn degraded_mode_grants_are_probed() {
     let c = small();
     let mut s = MemoryStore::default();
-    let mut r = req("db/db-0", true, "a");
+    let mut r = req("ns/db-0", true, "a");
     r.caller.pod_uid = Some("uid-1".into());
     r.holder.pod_uid = Some("uid-1".into());
     add(&c, &mut s, &Alive(vec![]), &r).unwrap();

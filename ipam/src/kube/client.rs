@@ -821,5 +821,11 @@ pub fn node_facts(n: &Node) -> ClusterNode {
             .and_then(|s| s.conditions.as_ref())
             .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
             .map(|c| c.status == "True"),
+        boot_id: n
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.boot_id.trim().to_string())
+            .filter(|b| !b.is_empty()),
     }
 }

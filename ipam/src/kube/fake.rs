@@ -26,8 +26,13 @@ pub struct FakeApi {
     /// policy (examples/node-scope-policy.yaml): a delete of a lock that
     /// names another node is refused, as the API server refuses it.
     pub node_scope: RefCell<Option<String>>,
+    /// A concurrent change (another node's, a controller's) that lands
+    /// just before the next write, which then meets its outcome.
+    pub race: RefCell<Option<Race>>,
     revision: Cell<u64>,
 }
+
+pub type Race = Box<dyn FnOnce(&FakeApi)>;
 
 fn labels_match(labels: BTreeMap<String, String>, selector: &str) -> bool {
     selector.split(',').filter(|s| !s.is_empty()).all(|term| {
@@ -46,6 +51,10 @@ impl FakeApi {
     }
 
     fn injected(&self) -> ApiResult<()> {
+        let race = self.race.borrow_mut().take();
+        if let Some(race) = race {
+            race(self);
+        }
         let n = self.inject_conflicts.get();
         if n > 0 {
             self.inject_conflicts.set(n - 1);
@@ -54,7 +63,8 @@ impl FakeApi {
         Ok(())
     }
 
-    fn next_rv(&self) -> String {
+    /// A new resourceVersion, as the API server gives one on every write.
+    pub fn next_rv(&self) -> String {
         self.revision.set(self.revision.get() + 1);
         self.revision.get().to_string()
     }

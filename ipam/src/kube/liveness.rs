@@ -90,43 +90,71 @@ pub fn judge_cluster(
 }
 
 /// Liveness with the API: node-local evidence first, then pods and nodes.
-/// Lookups are cached for one invocation (a reclaim may ask about many
-/// holders on the same node).
+/// Lookups are cached for the inspector's life, so a reclaim asking about
+/// many holders on one node asks once; make one per plan (the CLI makes
+/// one per attempt and per network), so that no verdict rests on a lookup
+/// older than the plan it feeds. A pod lookup judges only holders of the
+/// pod UID it was made for: the absence of a pod's predecessor says
+/// nothing of the pod re-created under its name.
 pub struct KubeInspector<'a> {
     pub api: &'a dyn KubeApi,
-    pub node: NodeFacts,
-    pods: RefCell<BTreeMap<String, Lookup<PodFacts>>>,
+    /// The node this process runs on, whose boot id and netns paths are
+    /// evidence; None: the API alone judges (`api_only`).
+    node: Option<NodeFacts>,
+    /// (namespace/name, the holder's pod UID) -> the lookup made for it.
+    pods: RefCell<BTreeMap<(String, String), Lookup<PodFacts>>>,
+    /// Pods the caller read itself, by namespace/name (`know_pod`).
+    known: RefCell<BTreeMap<String, PodFacts>>,
     nodes: RefCell<BTreeMap<String, Lookup<ClusterNode>>>,
     /// namespace/name -> the StatefulSet's UID, None when it is gone.
     owners: RefCell<BTreeMap<String, Lookup<StatefulSetFacts>>>,
 }
 
 impl<'a> KubeInspector<'a> {
+    /// The judge of a process that runs on `node` (the plugin's).
     pub fn new(api: &'a dyn KubeApi, node: NodeFacts) -> KubeInspector<'a> {
+        KubeInspector::with(api, Some(node))
+    }
+
+    /// The judge of a process not proven to run on any node (the CLI
+    /// elsewhere, `Evidence::ApiOnly`): it never reads this machine's boot
+    /// id or netns paths, and asks the API about every holder.
+    pub fn api_only(api: &'a dyn KubeApi) -> KubeInspector<'a> {
+        KubeInspector::with(api, None)
+    }
+
+    fn with(api: &'a dyn KubeApi, node: Option<NodeFacts>) -> KubeInspector<'a> {
         KubeInspector {
             api,
             node,
             pods: RefCell::default(),
+            known: RefCell::default(),
             nodes: RefCell::default(),
             owners: RefCell::default(),
         }
     }
 
-    fn pod(&self, ns: &str, name: &str) -> Lookup<PodFacts> {
+    /// The pod `ns/name` as seen for a holder of pod UID `uid`.
+    fn pod(&self, ns: &str, name: &str, uid: &str) -> Lookup<PodFacts> {
         let key = format!("{ns}/{name}");
-        if let Some(hit) = self.pods.borrow().get(&key) {
+        if let Some(pod) = self.known.borrow().get(&key) {
+            return Lookup::Found(pod.clone());
+        }
+        let slot = (key, uid.to_string());
+        if let Some(hit) = self.pods.borrow().get(&slot) {
             return hit.clone();
         }
         let got: Lookup<PodFacts> = self.api.get_pod(ns, name).into();
-        self.pods.borrow_mut().insert(key, got.clone());
+        self.pods.borrow_mut().insert(slot, got.clone());
         got
     }
 
-    /// Seeds the cache with a pod this invocation already read.
+    /// Seeds the inspector with a pod the caller read moments ago (an ADD
+    /// reads its own pod before it plans): it answers for every holder of
+    /// that name, as the pod is now, so a takeover from the pod's
+    /// predecessor costs no second GET.
     pub fn know_pod(&self, key: &str, pod: PodFacts) {
-        self.pods
-            .borrow_mut()
-            .insert(key.to_string(), Lookup::Found(pod));
+        self.known.borrow_mut().insert(key.to_string(), pod);
     }
 
     fn cluster_node(&self, name: &str) -> Lookup<ClusterNode> {
@@ -171,16 +199,19 @@ impl Inspector for KubeInspector<'_> {
     }
 
     fn verdict(&self, holder: &Holder, caller: Option<&Caller>) -> Verdict {
-        if is_local(holder, &self.node) {
-            let netns = netns_state(holder);
-            // A present netns is proof of life; nothing the API says beats it.
-            if netns != NetnsState::Unknown {
-                return judge(holder, caller, &self.node, netns);
+        // Node-local evidence only on the node this process runs on.
+        if let Some(node) = &self.node {
+            if is_local(holder, node) {
+                let netns = netns_state(holder);
+                // A present netns is proof of life; nothing the API says beats it.
+                if netns != NetnsState::Unknown {
+                    return judge(holder, caller, node, netns);
+                }
             }
-        }
-        let same_pod = judge(holder, caller, &self.node, NetnsState::Unknown);
-        if same_pod.is_dead() {
-            return same_pod;
+            let same_pod = judge(holder, caller, node, NetnsState::Unknown);
+            if same_pod.is_dead() {
+                return same_pod;
+            }
         }
         let (Some(ns), Some(name)) = (&holder.pod_namespace, &holder.pod_name) else {
             return Verdict::Alive(format!(
@@ -188,7 +219,7 @@ impl Inspector for KubeInspector<'_> {
                 holder.describe()
             ));
         };
-        let pod = self.pod(ns, name);
+        let pod = self.pod(ns, name, holder.pod_uid.as_deref().unwrap_or_default());
         let node = match &pod {
             Lookup::Found(p) if p.terminating => Some(self.cluster_node(&holder.node)),
             _ => None,
@@ -229,6 +260,7 @@ mod tests {
         Lookup::Found(ClusterNode {
             out_of_service,
             ready: Some(ready),
+            boot_id: None,
         })
     }
 
@@ -322,6 +354,41 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_lookup_judges_only_holders_of_the_uid_it_was_made_for() {
+        use crate::kube::fake::FakeApi;
+        let api = FakeApi::default();
+        let inspector = KubeInspector::api_only(&api);
+        // The old rs0-0 (uid-1) is gone...
+        let v = inspector.verdict(&holder(), None);
+        assert!(
+            v.is_dead() && v.reason().contains("no longer exists"),
+            "{v:?}"
+        );
+        // ...and the new one (uid-2) runs and holds an address: the
+        // predecessor's absence says nothing of it.
+        api.pods.borrow_mut().insert(
+            "bgp/rs0-0".into(),
+            PodFacts {
+                uid: "uid-2".into(),
+                phase: Some("Running".into()),
+                ..PodFacts::default()
+            },
+        );
+        let mut successor = holder();
+        successor.pod_uid = Some("uid-2".into());
+        successor.container_id = "c2".into();
+        let v = inspector.verdict(&successor, None);
+        assert!(
+            !v.is_dead() && v.reason().contains("still running"),
+            "{v:?}"
+        );
+        assert_eq!(api.count("get pod"), 2, "{:?}", api.calls.borrow());
+        // A holder of the UID already looked up is judged from the cache.
+        assert!(inspector.verdict(&holder(), None).is_dead());
+        assert_eq!(api.count("get pod"), 2, "{:?}", api.calls.borrow());
+    }
+
+    #[test]
     fn inspector_uses_local_evidence_and_caches_lookups() {
         use crate::kube::fake::FakeApi;
         let api = FakeApi::default();
@@ -387,5 +454,16 @@ mod tests {
         );
         // Only the StatefulSet lookup above was added.
         assert_eq!(api.calls.borrow().len(), 2, "{:?}", api.calls.borrow());
+        // Not proven to run on any node, it asks the API even about a
+        // holder whose netns path is missing here or whose boot id is
+        // another: the pod runs.
+        let elsewhere = KubeInspector::api_only(&api);
+        h.boot_id = "another-boot".into();
+        let v = elsewhere.verdict(&h, None);
+        assert!(
+            !v.is_dead() && v.reason().contains("still running"),
+            "{v:?}"
+        );
+        assert_eq!(api.count("get pod"), 2, "{:?}", api.calls.borrow());
     }
 }

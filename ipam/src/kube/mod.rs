@@ -99,6 +99,8 @@ pub struct DaemonSetFacts {
 pub struct ClusterNode {
     pub out_of_service: bool,
     pub ready: Option<bool>,
+    /// `status.nodeInfo.bootID` as kubelet reports it; None when empty.
+    pub boot_id: Option<String>,
 }
 
 /// The narrow seam to the API server. Lookups answer `Ok(None)` for 404.

@@ -864,7 +864,11 @@ mod tests {
             identity: Identity {
                 key: identity.into(),
                 sticky,
-                source: IdentitySource::ArgsCni,
+                source: if sticky {
+                    IdentitySource::ArgsCni
+                } else {
+                    IdentitySource::Container
+                },
                 owner: None,
             },
             holder: Holder {
@@ -1114,14 +1118,14 @@ mod tests {
         let api = FakeApi::default();
         let (n1, n2) = (Node::new(), Node::new());
         running(&api, "db-0", "n1");
-        let mut r = req("db/db-0", true, "db-0", "n1");
+        let mut r = req("ns/db-0", true, "db-0", "n1");
         r.identity.source = IdentitySource::StatefulSet;
         let first = grants(&api, &n1, &r);
         api.pods.borrow_mut().remove("ns/db-0");
         assert_eq!(reconcile(&api), 1);
         // kubelet's next retry on n2 finds the claim unheld: it must still
         // be probed, the old db-0 may answer on the fabric.
-        let mut again = recreated("db/db-0", "db-0", "n2");
+        let mut again = recreated("ns/db-0", "db-0", "n2");
         again.identity.source = IdentitySource::StatefulSet;
         api.pods.borrow_mut().insert(
             "ns/db-0".into(),
