@@ -66,6 +66,7 @@ fn classify(what: &str, server: &str, e: kube::Error) -> ApiError {
             match status.code {
                 409 | 404 => ApiError::Conflict(msg),
                 429 | 500..=599 => ApiError::Unreachable(msg),
+                401 => ApiError::Unauthorized(msg),
                 _ => ApiError::Refused(msg),
             }
         }
@@ -821,5 +822,40 @@ pub fn node_facts(n: &Node) -> ClusterNode {
             .and_then(|s| s.conditions.as_ref())
             .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
             .map(|c| c.status == "True"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+
+    fn answer(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            reason: reason.into(),
+            message: reason.into(),
+            ..kube::core::Status::default()
+        }))
+    }
+
+    #[test]
+    fn a_401_says_the_token_is_no_longer_valid_not_rbac() {
+        let e = classify(
+            "get iplock migr.172.31.77.10",
+            "https://10.0.0.1:6443",
+            answer(401, "Unauthorized"),
+        );
+        let msg = cni::CniError::from(StoreError::from(e)).msg;
+        assert!(msg.contains("get iplock migr.172.31.77.10"), "{msg}");
+        assert!(
+            msg.contains("token") && msg.contains("no longer valid") && msg.contains("installer"),
+            "{msg}"
+        );
+        assert!(!msg.contains("RBAC"), "{msg}");
+        // A 403 is still the RBAC's (or the node-scope policy's) answer.
+        let e = classify("get iplock x", "https://a", answer(403, "Forbidden"));
+        let msg = cni::CniError::from(StoreError::from(e)).msg;
+        assert!(msg.contains("RBAC"), "{msg}");
     }
 }

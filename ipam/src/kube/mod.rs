@@ -32,6 +32,11 @@ pub enum ApiError {
     Unreachable(String),
     /// Any other refusal by the API server (403, 422).
     Refused(String),
+    /// 401: the API server no longer takes these credentials (the token
+    /// expired, or what it is bound to is gone: a node-bound token names
+    /// its Node's UID, which a deleted and re-registered Node changes).
+    /// Not an RBAC matter: nothing was authorized or refused yet.
+    Unauthorized(String),
     /// No client could be built (a missing or unreadable kubeconfig, no
     /// in-cluster configuration): no request was made.
     Client(String),
@@ -43,6 +48,7 @@ impl fmt::Display for ApiError {
             ApiError::Conflict(m) => write!(f, "conflict: {m}"),
             ApiError::Unreachable(m) => write!(f, "unreachable: {m}"),
             ApiError::Refused(m) => write!(f, "refused: {m}"),
+            ApiError::Unauthorized(m) => write!(f, "credentials rejected: {m}"),
             ApiError::Client(m) => write!(f, "no client: {m}"),
         }
     }
