@@ -213,13 +213,24 @@ fn the_kubernetes_store_refuses_two_range_sets_of_one_family() {
     );
     let two_v6 = json!([[{"subnet": "fd00::/120"}], [{"subnet": "fd01::/120"}]]);
     let msg = err(json!({"ranges": two_v6, "store": {"type": "kubernetes"}}));
-    assert!(msg.contains("ipam.ranges[1]") && msg.contains("IPv6"), "{msg}");
+    assert!(
+        msg.contains("ipam.ranges[1]") && msg.contains("IPv6"),
+        "{msg}"
+    );
     // One set per family is what the kubernetes store supports; the file
     // store keys claims by address and keeps one per range set.
     let dual = json!([[{"subnet": "10.0.0.0/24"}], [{"subnet": "fd00::/120"}]]);
     assert!(parse(json!({"ranges": dual, "store": {"type": "kubernetes"}})).is_ok());
     // The top-level subnet is a range set too.
-    let msg = err(json!({"subnet": "10.0.0.0/24", "ranges": [[{"subnet": "10.0.1.0/24"}]], "store": {"type": "kubernetes"}}));
-    assert!(msg.contains("ipam.ranges[0]") && msg.contains("ipam.subnet"), "{msg}");
-    assert_eq!(parse(json!({"ranges": two_v4})).unwrap().range_sets.len(), 2);
+    let msg = err(
+        json!({"subnet": "10.0.0.0/24", "ranges": [[{"subnet": "10.0.1.0/24"}]], "store": {"type": "kubernetes"}}),
+    );
+    assert!(
+        msg.contains("ipam.ranges[0]") && msg.contains("ipam.subnet"),
+        "{msg}"
+    );
+    assert_eq!(
+        parse(json!({"ranges": two_v4})).unwrap().range_sets.len(),
+        2
+    );
 }
