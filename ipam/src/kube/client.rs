@@ -580,6 +580,8 @@ impl KubeApi for KubeClient {
         let api = self.locks();
         let mut o = to_lock(lock);
         o.metadata.uid = None;
+        o.metadata.resource_version = None;
+        o.metadata.creation_timestamp = None;
         let what = format!(
             "create iplock {}",
             o.metadata.name.clone().unwrap_or_default()
@@ -590,17 +592,38 @@ impl KubeApi for KubeClient {
         from_lock(&created).map_err(ApiError::Refused)
     }
 
-    fn delete_lock(&self, name: &str, uid: &str) -> ApiResult<()> {
+    fn delete_lock(&self, name: &str, uid: &str, resource_version: Option<&str>) -> ApiResult<()> {
         let api = self.locks();
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
-                resource_version: None,
+                resource_version: resource_version.map(str::to_string),
                 uid: Some(uid.to_string()),
             }),
             ..DeleteParams::default()
         };
         self.run(&format!("delete iplock {name}"), api.delete(name, &dp))
             .map(drop)
+    }
+
+    fn adopt_lock(&self, lock: &LockObject, node: Option<&str>) -> ApiResult<LockObject> {
+        let api = self.locks();
+        let mut o = to_lock(lock);
+        let name = o.metadata.name.clone().unwrap_or_default();
+        let what = format!("adopt iplock {name}");
+        if o.metadata.resource_version.is_none() {
+            return Err(ApiError::Conflict(format!(
+                "{what}: no resourceVersion was read"
+            )));
+        }
+        // The server keeps its creationTimestamp and managed fields, and
+        // stamps this write's time on the latter.
+        o.metadata.creation_timestamp = None;
+        o.spec.adoptions = lock.adoptions.saturating_add(1);
+        if let Some(node) = node {
+            o.spec.node = Some(node.to_string());
+        }
+        let replaced = self.run(&what, api.replace(&name, &PostParams::default(), &o))?;
+        from_lock(&replaced).map_err(ApiError::Refused)
     }
 
     fn take_lock(&self, name: &str, uid: &str, node: &str) -> ApiResult<()> {
