@@ -810,6 +810,9 @@ impl KubeApi {
                                 created: claim.created,
                                 uid: None,
                                 node: claim.holder_node().map(str::to_string),
+                                resource_version: None,
+                                adoptions: 0,
+                                written: None,
                             })
                             .unwrap_or_else(|e| panic!("seed the IPLock of {}: {e}", claim.ip));
                         client

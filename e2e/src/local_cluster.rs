@@ -496,6 +496,41 @@ impl LocalCluster {
                 }
             },
         );
+        for node in self.nodes() {
+            self.wait_plugin_credentials(&node);
+        }
+    }
+
+    /// Waits until the plugin on NODE can use its credentials: a request
+    /// made in the node's namespaces with the kubeconfig the installer
+    /// wrote there is answered, not refused with a 401. A rolled-out DaemonSet is not enough: a node
+    /// whose Node object was deleted and registered again keeps a token
+    /// naming the old Node's UID, which the API server refuses (401) until
+    /// the installer writes a new one, and no scenario may depend on how
+    /// long ago the one before it did that to a node.
+    pub fn wait_plugin_credentials(&self, node: &str) {
+        let kubeconfig = "/etc/cni/net.d/sticky-macvlan.d/sticky-macvlan.kubeconfig";
+        self.wait(
+            &format!("{node}: the plugin's credentials ({kubeconfig}) accepted by the API server"),
+            Duration::from_secs(180),
+            || {
+                let out = Command::new("nsenter")
+                    .args(["-t", &self.node_pid(node), "-n", "-m", "-u", "--"])
+                    .arg(&self.kubectl)
+                    .args(["--kubeconfig", kubeconfig, "--request-timeout=10s"])
+                    // A SelfSubjectReview: any valid token may make one, so
+                    // only a rejected token (401) fails it, whatever the
+                    // release's RBAC.
+                    .args(["auth", "whoami", "-o", "json"])
+                    .output()
+                    .map_err(|e| format!("nsenter: {e}"))?;
+                if out.status.success() {
+                    Ok(())
+                } else {
+                    Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+                }
+            },
+        );
     }
 
     /// Removes what `install_release` applied (the installed binaries stay

@@ -870,6 +870,84 @@ fn missing_crd_is_named_not_retried() {
     ]));
 }
 
+/// An ADD that adopts a lock no claim names writes it first (the orphan
+/// sweep's race, issue 26 item 5): on the real API server the lock's age
+/// is the server's clock, not the writer's `spec.created`; the adoption's
+/// write is stamped in the managed fields, so the sweep finds the lock
+/// young; and a delete or adoption at the resourceVersion read before it
+/// fails.
+#[test]
+fn an_adopted_lock_is_young_by_the_servers_clock_and_an_earlier_read_cannot_delete_it() {
+    use sticky_ipam::kube::client::KubeClient;
+    use sticky_ipam::kube::{lock_name, ApiError, KubeApi as _, LockObject};
+    let (_topo, api) = cluster(1);
+    let (netns, kubeconfig, network, node) = (
+        api.netns.clone(),
+        api.kubeconfig.clone(),
+        api.network.clone(),
+        api.node(1),
+    );
+    std::thread::spawn(move || {
+        sticky_e2e::enter_netns(&netns);
+        let client = KubeClient::from_kubeconfig(&kubeconfig, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("client: {e}"));
+        let ip = "10.77.0.5".parse().unwrap();
+        let name = lock_name(&network, ip);
+        let made = client
+            .create_lock(&LockObject {
+                network: network.clone(),
+                ip,
+                identity: "peer".into(),
+                // A node whose clock is an hour behind.
+                created: sticky_ipam::claim::now_secs() - 3600,
+                uid: None,
+                node: Some(node.clone()),
+                resource_version: None,
+                adoptions: 0,
+                written: None,
+            })
+            .unwrap_or_else(|e| panic!("create {name}: {e}"));
+        let now = sticky_ipam::claim::now_secs();
+        assert!(
+            made.created + 60 > now,
+            "the lock's age is the writer's clock: {made:?}"
+        );
+        let uid = made.uid.clone().expect("uid");
+        // managedFields' times have a resolution of a second.
+        std::thread::sleep(Duration::from_millis(2100));
+        let adopted = client
+            .adopt_lock(&made, Some(&node))
+            .unwrap_or_else(|e| panic!("adopt {name}: {e}"));
+        assert_eq!(adopted.adoptions, 1, "{adopted:?}");
+        assert_eq!(adopted.created, made.created, "{adopted:?}");
+        assert!(
+            adopted.written.is_some_and(|w| w >= made.created + 2),
+            "the server stamped no time on the adoption: {adopted:?}"
+        );
+        let read = client.get_lock(&name).unwrap().expect("the lock");
+        assert_eq!(read.written, adopted.written);
+        // The sweep's delete at what it listed before the adoption fails,
+        // and so does a second adoption from that read.
+        let stale = made.resource_version.as_deref();
+        assert!(
+            matches!(
+                client.delete_lock(&name, &uid, stale),
+                Err(ApiError::Conflict(_))
+            ),
+            "a delete at the resourceVersion before the adoption succeeded"
+        );
+        assert!(matches!(
+            client.adopt_lock(&made, Some(&node)),
+            Err(ApiError::Conflict(_))
+        ));
+        client
+            .delete_lock(&name, &uid, adopted.resource_version.as_deref())
+            .unwrap_or_else(|e| panic!("delete {name} at its resourceVersion: {e}"));
+    })
+    .join()
+    .expect("the client thread");
+}
+
 /// kill -9 at points spread over ADD and DEL on the kubernetes store, then
 /// what kubelet does next (DEL, a new sandbox's ADD; or DEL again): the
 /// pod keeps its address, no link is left, and the stored objects keep

@@ -3325,7 +3325,7 @@ fn one_nodes_token_is_refused_when_it_rewrites_another_nodes_live_claim() {
     refused(
         "giving node2's lock to another identity",
         as_me(&["replace", "--dry-run=server", "-f", "-"], Some(&stolen)),
-        "may change only its spec.node",
+        "may not change its spec.ip or spec.identity",
     );
     let mut forged_lock = their_lock.clone();
     let meta = forged_lock["metadata"].as_object_mut().expect("metadata");

@@ -8,7 +8,9 @@
 //! rollout would leave the node unable to allocate until the new pod ran.
 //! Where the API refuses that, it copies the pod's token and says what
 //! that costs. With `--wait` it stays and renews the token at half its
-//! life.
+//! life, or at once when the API server stops taking it (401): a
+//! node-bound token names its Node's UID, so a Node object deleted and
+//! registered again invalidates it long before it expires.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -17,6 +19,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use sticky_ipam::kube::client::KubeClient;
+use sticky_ipam::kube::ApiError;
 
 pub const HELP: &str = "\
 Usage: sticky-macvlan install [options]
@@ -39,7 +42,9 @@ Options:
   --service-account-name NAME
                            the service account to ask a node-bound token of
                            (default: $SERVICE_ACCOUNT_NAME, else sticky-macvlan)
-  --wait                   stay, renewing the token at half its life
+  --wait                   stay, renewing the token at half its life, or
+                           at once when the API server rejects it (checked
+                           every minute)
 ";
 
 /// How long a node-bound token is asked for (the API server may cap it);
@@ -129,15 +134,51 @@ enum Credential {
     PodToken,
 }
 
-impl Credential {
-    /// Whether `--wait` should ask for a new token at `now`: a node-bound
-    /// one at half its life, a pod token's copy every time (it rotates,
-    /// and a node-bound token may have become available).
-    fn renew_due(&self, now: i64) -> bool {
-        match *self {
-            Credential::NodeBound { issued, expiry } => now >= issued + (expiry - issued) / 2,
-            Credential::PodToken => true,
+/// What the API server said of the installed token at the last check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TokenCheck {
+    /// It answered a request made with the token.
+    Accepted,
+    /// 401: the token is no longer valid (its Node object was deleted and
+    /// the node re-registered under a new UID, its service account was
+    /// re-created, or it expired).
+    Rejected,
+    /// No answer, or any other error: nothing is known.
+    Unknown,
+}
+
+/// Whether `--wait` should ask for a new token at `now`: a node-bound
+/// one at half its life, or at once when the API server rejected it; a
+/// pod token's copy every time (it rotates, and a node-bound token may
+/// have become available).
+fn renew_due(credential: Credential, now: i64, check: TokenCheck) -> bool {
+    match credential {
+        Credential::NodeBound { .. } if check == TokenCheck::Rejected => true,
+        Credential::NodeBound { issued, expiry } => now >= issued + (expiry - issued) / 2,
+        Credential::PodToken => true,
+    }
+}
+
+/// Asks the API server who the plugin's installed token is (a
+/// SelfSubjectReview, which any valid token may make): the plugin's own
+/// requests would fail the same way.
+fn check_token(o: &Opts, server: &str) -> TokenCheck {
+    let own = kubeconfig(
+        server,
+        &o.service_account.join("ca.crt"),
+        &o.conf_dir.join("sticky-macvlan.d").join("token"),
+    );
+    let answer = KubeClient::from_kubeconfig_text(&own, Duration::from_secs(10))
+        .and_then(|client| client.who_am_i());
+    match answer {
+        Ok(_) => TokenCheck::Accepted,
+        Err(ApiError::Unauthorized(why)) => {
+            eprintln!(
+                "sticky-macvlan install: the API server rejects the plugin's token ({why}): its Node object was re-created or it expired; writing a new one now"
+            );
+            TokenCheck::Rejected
         }
+        Err(_) => TokenCheck::Unknown,
     }
 }
 
@@ -287,7 +328,11 @@ pub fn main(args: &[String]) -> ExitCode {
     }
     loop {
         std::thread::sleep(Duration::from_secs(60));
-        if !credential.renew_due(now_unix()) {
+        let check = match (credential, server()) {
+            (Credential::NodeBound { .. }, Ok(s)) => check_token(&o, &s),
+            _ => TokenCheck::Unknown,
+        };
+        if !renew_due(credential, now_unix(), check) {
             continue;
         }
         // A failed renewal keeps the token in place, valid for the other
@@ -301,22 +346,31 @@ pub fn main(args: &[String]) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::Credential;
+    use super::{renew_due, Credential, TokenCheck};
 
     #[test]
-    fn a_node_bound_token_is_renewed_at_half_its_life_a_pod_token_every_time() {
+    fn a_token_is_renewed_at_half_its_life_or_at_once_when_the_api_server_rejects_it() {
+        use TokenCheck::*;
         let bound = Credential::NodeBound {
             issued: 1000,
             expiry: 1000 + 86400,
         };
-        for (now, due) in [
-            (1000, false),
-            (1000 + 43199, false),
-            (1000 + 43200, true),
-            (1000 + 90000, true),
-        ] {
-            assert_eq!(bound.renew_due(now), due, "{now}");
+        let cases = [
+            // (now, check, due)
+            (1000, Accepted, false),
+            (1000, Unknown, false),
+            (1000 + 43199, Accepted, false),
+            (1000 + 43200, Accepted, true),
+            (1000 + 90000, Unknown, true),
+            // Its Node was re-created: the token is dead however young.
+            (1000, Rejected, true),
+            (1000 + 60, Rejected, true),
+        ];
+        for (now, check, due) in cases {
+            assert_eq!(renew_due(bound, now, check), due, "{now} {check:?}");
         }
-        assert!(Credential::PodToken.renew_due(0));
+        for check in [Accepted, Rejected, Unknown] {
+            assert!(renew_due(Credential::PodToken, 0, check));
+        }
     }
 }

@@ -177,6 +177,9 @@ fn seed(api: &FakeApi, network: &str, ip: &str, identity: &str, holder: Holder) 
             created: 0,
             uid: None,
             node: Some(holder.node.clone()),
+            resource_version: None,
+            adoptions: 0,
+            written: None,
         })
         .unwrap();
     api.create_claim(&ClaimObject {
@@ -337,7 +340,7 @@ fn a_sweep_judges_each_network_by_its_own_lookups() {
     );
     // While the sweep releases net-a's holder, the new db-0 takes net-b's
     // claim over.
-    *api.race.borrow_mut() = Some(recreate_db0_taking("net-b", "10.1.0.5"));
+    *api.before.borrow_mut() = Some(("replace ".into(), recreate_db0_taking("net-b", "10.1.0.5")));
     let open = |n: &str| {
         Ok(crate::backend::Store::Kube(Box::new(KubeStore::new(
             &api,
@@ -368,7 +371,7 @@ fn a_plan_made_again_after_a_409_looks_the_pods_up_again() {
         "db/db-0",
         holder_of("db-0", "uid-1", "node1", "b-node1"),
     );
-    *api.race.borrow_mut() = Some(recreate_db0_taking("net-b", "10.1.0.5"));
+    *api.before.borrow_mut() = Some(("replace ".into(), recreate_db0_taking("net-b", "10.1.0.5")));
     let open = |n: &str| {
         Ok(crate::backend::Store::Kube(Box::new(KubeStore::new(
             &api,

@@ -10,7 +10,7 @@ use cni::{CniError, CniResult, Route};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::addr::{parse_ip_maybe_cidr, parse_span, Span};
+use crate::addr::{parse_ip_maybe_cidr, parse_span, Family, Span};
 use crate::claim::{validate_identity, Retention};
 
 pub const DEFAULT_STORE_DIR: &str = "/var/lib/cni/sticky-ipam";
@@ -209,6 +209,10 @@ impl IpamConfig {
         };
 
         let (store_kind, store_dir) = parse_store(raw.store, raw.data_dir)?;
+        if matches!(store_kind, StoreKind::Kubernetes { .. }) {
+            let top = raw.subnet.as_deref().is_some_and(|s| !s.is_empty());
+            one_set_per_family(&range_sets, top)?;
+        }
         let identity_from = parse_identity_from(raw.identity_from, &store_kind)?;
 
         let max_scan = match raw.max_scan {
@@ -438,6 +442,35 @@ fn parse_identity_from(
         ));
     }
     Ok(Some(from))
+}
+
+/// The kubernetes store keeps one IPClaim per (network, identity, family),
+/// so it holds one address per family: a second range set of a family
+/// would have every ADD fight itself for that one object. TOP: the first
+/// set is the top-level `subnet`, the others are `ranges`.
+fn one_set_per_family(range_sets: &[RangeSet], top: bool) -> CniResult<()> {
+    let field = |i: usize| match (top, i) {
+        (true, 0) => "ipam.subnet".to_string(),
+        (true, i) => format!("ipam.ranges[{}]", i - 1),
+        (false, i) => format!("ipam.ranges[{i}]"),
+    };
+    for (i, set) in range_sets.iter().enumerate() {
+        if let Some(first) = range_sets[..i]
+            .iter()
+            .position(|s| s.family() == set.family())
+        {
+            let family = match set.family() {
+                Family::V4 => "IPv4",
+                Family::V6 => "IPv6",
+            };
+            return Err(bad(format!(
+                "{} is a second {family} range set ({} is one): the kubernetes store keeps one address per identity and family (ipam.ranges: at most one range set per family); put both sets' ranges into one, or use the file store",
+                field(i),
+                field(first)
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn parse_store(

@@ -200,3 +200,37 @@ fn retention_defaults_to_the_old_rules_and_names_a_bad_policy() {
     assert_eq!(e.code, cni::code::UNSUPPORTED_FIELD, "{}", e.msg);
     assert!(e.msg.contains("whenScaledDown"), "{}", e.msg);
 }
+
+#[test]
+fn the_kubernetes_store_refuses_two_range_sets_of_one_family() {
+    // An IPClaim is one object per (network, identity, family): a second
+    // v4 set would make every ADD fight itself for that one name.
+    let two_v4 = json!([[{"subnet": "10.0.0.0/24"}], [{"subnet": "10.0.1.0/24"}]]);
+    let msg = err(json!({"ranges": two_v4.clone(), "store": {"type": "kubernetes"}}));
+    assert!(
+        msg.contains("ipam.ranges") && msg.contains("ipam.ranges[1]") && msg.contains("IPv4"),
+        "{msg}"
+    );
+    let two_v6 = json!([[{"subnet": "fd00::/120"}], [{"subnet": "fd01::/120"}]]);
+    let msg = err(json!({"ranges": two_v6, "store": {"type": "kubernetes"}}));
+    assert!(
+        msg.contains("ipam.ranges[1]") && msg.contains("IPv6"),
+        "{msg}"
+    );
+    // One set per family is what the kubernetes store supports; the file
+    // store keys claims by address and keeps one per range set.
+    let dual = json!([[{"subnet": "10.0.0.0/24"}], [{"subnet": "fd00::/120"}]]);
+    assert!(parse(json!({"ranges": dual, "store": {"type": "kubernetes"}})).is_ok());
+    // The top-level subnet is a range set too.
+    let msg = err(
+        json!({"subnet": "10.0.0.0/24", "ranges": [[{"subnet": "10.0.1.0/24"}]], "store": {"type": "kubernetes"}}),
+    );
+    assert!(
+        msg.contains("ipam.ranges[0]") && msg.contains("ipam.subnet"),
+        "{msg}"
+    );
+    assert_eq!(
+        parse(json!({"ranges": two_v4})).unwrap().range_sets.len(),
+        2
+    );
+}

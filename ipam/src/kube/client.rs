@@ -66,6 +66,7 @@ fn classify(what: &str, server: &str, e: kube::Error) -> ApiError {
             match status.code {
                 409 | 404 => ApiError::Conflict(msg),
                 429 | 500..=599 => ApiError::Unreachable(msg),
+                401 => ApiError::Unauthorized(msg),
                 _ => ApiError::Refused(msg),
             }
         }
@@ -579,6 +580,8 @@ impl KubeApi for KubeClient {
         let api = self.locks();
         let mut o = to_lock(lock);
         o.metadata.uid = None;
+        o.metadata.resource_version = None;
+        o.metadata.creation_timestamp = None;
         let what = format!(
             "create iplock {}",
             o.metadata.name.clone().unwrap_or_default()
@@ -589,17 +592,38 @@ impl KubeApi for KubeClient {
         from_lock(&created).map_err(ApiError::Refused)
     }
 
-    fn delete_lock(&self, name: &str, uid: &str) -> ApiResult<()> {
+    fn delete_lock(&self, name: &str, uid: &str, resource_version: Option<&str>) -> ApiResult<()> {
         let api = self.locks();
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
-                resource_version: None,
+                resource_version: resource_version.map(str::to_string),
                 uid: Some(uid.to_string()),
             }),
             ..DeleteParams::default()
         };
         self.run(&format!("delete iplock {name}"), api.delete(name, &dp))
             .map(drop)
+    }
+
+    fn adopt_lock(&self, lock: &LockObject, node: Option<&str>) -> ApiResult<LockObject> {
+        let api = self.locks();
+        let mut o = to_lock(lock);
+        let name = o.metadata.name.clone().unwrap_or_default();
+        let what = format!("adopt iplock {name}");
+        if o.metadata.resource_version.is_none() {
+            return Err(ApiError::Conflict(format!(
+                "{what}: no resourceVersion was read"
+            )));
+        }
+        // The server keeps its creationTimestamp and managed fields, and
+        // stamps this write's time on the latter.
+        o.metadata.creation_timestamp = None;
+        o.spec.adoptions = lock.adoptions.saturating_add(1);
+        if let Some(node) = node {
+            o.spec.node = Some(node.to_string());
+        }
+        let replaced = self.run(&what, api.replace(&name, &PostParams::default(), &o))?;
+        from_lock(&replaced).map_err(ApiError::Refused)
     }
 
     fn take_lock(&self, name: &str, uid: &str, node: &str) -> ApiResult<()> {
@@ -827,5 +851,40 @@ pub fn node_facts(n: &Node) -> ClusterNode {
             .and_then(|s| s.node_info.as_ref())
             .map(|i| i.boot_id.trim().to_string())
             .filter(|b| !b.is_empty()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+
+    fn answer(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            reason: reason.into(),
+            message: reason.into(),
+            ..kube::core::Status::default()
+        }))
+    }
+
+    #[test]
+    fn a_401_says_the_token_is_no_longer_valid_not_rbac() {
+        let e = classify(
+            "get iplock migr.172.31.77.10",
+            "https://10.0.0.1:6443",
+            answer(401, "Unauthorized"),
+        );
+        let msg = cni::CniError::from(StoreError::from(e)).msg;
+        assert!(msg.contains("get iplock migr.172.31.77.10"), "{msg}");
+        assert!(
+            msg.contains("token") && msg.contains("no longer valid") && msg.contains("installer"),
+            "{msg}"
+        );
+        assert!(!msg.contains("RBAC"), "{msg}");
+        // A 403 is still the RBAC's (or the node-scope policy's) answer.
+        let e = classify("get iplock x", "https://a", answer(403, "Forbidden"));
+        let msg = cni::CniError::from(StoreError::from(e)).msg;
+        assert!(msg.contains("RBAC"), "{msg}");
     }
 }

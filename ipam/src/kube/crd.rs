@@ -75,12 +75,28 @@ pub struct IPLockSpec {
     pub ip: String,
     /// The identity whose IPClaim may name this address.
     pub identity: String,
+    /// When the writer made it, by its own clock (informative: how old a
+    /// lock is comes from metadata.creationTimestamp, the API server's).
     pub created: u64,
     /// The node whose plugin made the lock or took it over; under the
     /// node-scope policy only that node's plugin may delete it. Absent on
     /// locks made before 0.2.0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// How many times an ADD of the identity adopted the lock after the
+    /// ADD that made it left no IPClaim: each adoption changes the object
+    /// before its claim is made, so reconcile's sweep of locks no claim
+    /// names cannot delete it from an earlier read.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub adoptions: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn unix_secs(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> u64 {
+    u64::try_from(t.0.as_second()).unwrap_or(0)
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
@@ -251,12 +267,19 @@ fn network_labels(network: &str, ip: std::net::IpAddr) -> BTreeMap<String, Strin
     labels
 }
 
+/// The object for `lock`; the API server sets its creationTimestamp and
+/// managed fields itself (and keeps them on a PUT).
 pub fn to_lock(lock: &LockObject) -> IPLock {
     IPLock {
         metadata: ObjectMeta {
             name: Some(lock_name(&lock.network, lock.ip)),
             labels: Some(network_labels(&lock.network, lock.ip)),
             uid: lock.uid.clone(),
+            resource_version: lock.resource_version.clone(),
+            creation_timestamp: i64::try_from(lock.created)
+                .ok()
+                .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
+                .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time),
             ..ObjectMeta::default()
         },
         spec: IPLockSpec {
@@ -265,6 +288,7 @@ pub fn to_lock(lock: &LockObject) -> IPLock {
             identity: lock.identity.clone(),
             created: lock.created,
             node: lock.node.clone(),
+            adoptions: lock.adoptions,
         },
     }
 }
@@ -285,9 +309,23 @@ pub fn from_lock(o: &IPLock) -> Result<LockObject, String> {
         network: o.spec.network.clone(),
         ip,
         identity: o.spec.identity.clone(),
-        created: o.spec.created,
+        // The API server's clock; spec.created is the writer's.
+        created: o
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(o.spec.created, unix_secs),
         uid: o.metadata.uid.clone(),
         node: o.spec.node.clone(),
+        resource_version: o.metadata.resource_version.clone(),
+        adoptions: o.spec.adoptions,
+        written: o
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter_map(|m| m.time.as_ref().map(unix_secs))
+            .max(),
     })
 }
 
@@ -397,6 +435,9 @@ mod tests {
             created: 3,
             uid: Some("u1".into()),
             node: Some("node1".into()),
+            resource_version: Some("9".into()),
+            adoptions: 1,
+            written: None,
         };
         assert_eq!(from_lock(&to_lock(&lock)).unwrap(), lock);
         let crds = definitions();

@@ -26,12 +26,20 @@ pub struct FakeApi {
     /// policy (examples/node-scope-policy.yaml): a delete of a lock that
     /// names another node is refused, as the API server refuses it.
     pub node_scope: RefCell<Option<String>>,
-    /// A concurrent change (another node's, a controller's) that lands
-    /// just before the next write, which then meets its outcome.
-    pub race: RefCell<Option<Race>>,
+    /// Runs once, just before the first call whose "verb target" starts
+    /// with the prefix: another client's requests slipped in between two
+    /// of the caller's (an interleaving no real server can be made to
+    /// produce on purpose).
+    pub before: RefCell<Option<(String, Race)>>,
+    /// The API server's clock (seconds): stamped on the locks it makes
+    /// and changes, as creationTimestamp and managed fields' times are;
+    /// None: the real time.
+    pub clock: Cell<Option<u64>>,
     revision: Cell<u64>,
 }
 
+/// A concurrent change (another node's, a controller's) that lands
+/// between two of the caller's requests (`FakeApi::before`).
 pub type Race = Box<dyn FnOnce(&FakeApi)>;
 
 fn labels_match(labels: BTreeMap<String, String>, selector: &str) -> bool {
@@ -43,6 +51,13 @@ fn labels_match(labels: BTreeMap<String, String>, selector: &str) -> bool {
 
 impl FakeApi {
     fn record(&self, call: String) -> ApiResult<()> {
+        let due = matches!(&*self.before.borrow(), Some((prefix, _)) if call.starts_with(prefix.as_str()));
+        if due {
+            let hook = self.before.borrow_mut().take();
+            if let Some((_, hook)) = hook {
+                hook(self);
+            }
+        }
         self.calls.borrow_mut().push(call);
         if self.unreachable.get() {
             return Err(ApiError::Unreachable("connection refused".into()));
@@ -51,10 +66,6 @@ impl FakeApi {
     }
 
     fn injected(&self) -> ApiResult<()> {
-        let race = self.race.borrow_mut().take();
-        if let Some(race) = race {
-            race(self);
-        }
         let n = self.inject_conflicts.get();
         if n > 0 {
             self.inject_conflicts.set(n - 1);
@@ -75,6 +86,10 @@ impl FakeApi {
             &obj.claim.identity,
             crate::addr::Family::of(obj.claim.ip),
         )
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.get().unwrap_or_else(crate::claim::now_secs)
     }
 
     pub fn count(&self, verb: &str) -> usize {
@@ -128,12 +143,17 @@ impl KubeApi for FakeApi {
             return Err(ApiError::Conflict(format!("{name} already exists")));
         }
         let mut stored = lock.clone();
-        stored.uid = Some(format!("lock-uid-{}", self.next_rv()));
+        let rv = self.next_rv();
+        stored.uid = Some(format!("lock-uid-{rv}"));
+        stored.resource_version = Some(rv);
+        // The server's clock, whatever the writer's said.
+        stored.created = self.now();
+        stored.written = Some(stored.created);
         locks.insert(name, stored.clone());
         Ok(stored)
     }
 
-    fn delete_lock(&self, name: &str, uid: &str) -> ApiResult<()> {
+    fn delete_lock(&self, name: &str, uid: &str, resource_version: Option<&str>) -> ApiResult<()> {
         self.record(format!("delete lock {name}"))?;
         self.injected()?;
         let mut locks = self.locks.borrow_mut();
@@ -142,6 +162,12 @@ impl KubeApi for FakeApi {
             None => Err(ApiError::Conflict(format!("{name} not found"))),
             Some(cur) if cur.uid.as_deref() != Some(uid) => {
                 Err(ApiError::Conflict(format!("{name} is another lock")))
+            }
+            Some(cur)
+                if resource_version.is_some()
+                    && cur.resource_version.as_deref() != resource_version =>
+            {
+                Err(ApiError::Conflict(format!("{name} was modified")))
             }
             Some(cur) if cur.node.is_some() && scope.is_some() && cur.node != *scope => {
                 Err(ApiError::Refused(format!(
@@ -159,14 +185,41 @@ impl KubeApi for FakeApi {
     fn take_lock(&self, name: &str, uid: &str, node: &str) -> ApiResult<()> {
         self.record(format!("take lock {name}"))?;
         self.injected()?;
+        let (rv, now) = (self.next_rv(), self.now());
         match self.locks.borrow_mut().get_mut(name) {
             Some(cur) if cur.uid.as_deref() == Some(uid) => {
                 cur.node = Some(node.to_string());
+                cur.resource_version = Some(rv);
+                cur.written = Some(now);
                 Ok(())
             }
             _ => Err(ApiError::Conflict(format!(
                 "{name} is gone or another lock"
             ))),
+        }
+    }
+
+    fn adopt_lock(&self, lock: &LockObject, node: Option<&str>) -> ApiResult<LockObject> {
+        let name = super::lock_name(&lock.network, lock.ip);
+        self.record(format!("adopt lock {name}"))?;
+        self.injected()?;
+        let (rv, now) = (self.next_rv(), self.now());
+        let mut locks = self.locks.borrow_mut();
+        match locks.get_mut(&name) {
+            Some(cur)
+                if lock.resource_version.is_some()
+                    && cur.resource_version == lock.resource_version =>
+            {
+                cur.adoptions = lock.adoptions + 1;
+                if let Some(node) = node {
+                    cur.node = Some(node.to_string());
+                }
+                cur.resource_version = Some(rv);
+                cur.written = Some(now);
+                Ok(cur.clone())
+            }
+            Some(_) => Err(ApiError::Conflict(format!("{name} was modified"))),
+            None => Err(ApiError::Conflict(format!("{name} not found"))),
         }
     }
 

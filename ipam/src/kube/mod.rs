@@ -32,6 +32,11 @@ pub enum ApiError {
     Unreachable(String),
     /// Any other refusal by the API server (403, 422).
     Refused(String),
+    /// 401: the API server no longer takes these credentials (the token
+    /// expired, or what it is bound to is gone: a node-bound token names
+    /// its Node's UID, which a deleted and re-registered Node changes).
+    /// Not an RBAC matter: nothing was authorized or refused yet.
+    Unauthorized(String),
     /// No client could be built (a missing or unreadable kubeconfig, no
     /// in-cluster configuration): no request was made.
     Client(String),
@@ -43,6 +48,7 @@ impl fmt::Display for ApiError {
             ApiError::Conflict(m) => write!(f, "conflict: {m}"),
             ApiError::Unreachable(m) => write!(f, "unreachable: {m}"),
             ApiError::Refused(m) => write!(f, "refused: {m}"),
+            ApiError::Unauthorized(m) => write!(f, "credentials rejected: {m}"),
             ApiError::Client(m) => write!(f, "no client: {m}"),
         }
     }
@@ -66,15 +72,20 @@ pub struct ClaimObject {
 /// An `IPLock`: one object per (network, IP), named by `lock_name`. Its
 /// create-if-absent is what makes an address one identity's (I1). It is
 /// created before the claim that names its address and deleted after it;
-/// its address and identity never change. Only its node does, when a node
-/// takes another node's lock over to delete it (I14).
+/// its address and identity never change. Its node changes when a node
+/// takes another node's lock over to delete it (I14), and an ADD that
+/// adopts it (its identity's, no claim names it) writes it before its
+/// claim, so the orphan sweep, which deletes at the resourceVersion it
+/// read, cannot miss the adoption.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockObject {
     pub network: String,
     pub ip: std::net::IpAddr,
     pub identity: String,
-    /// Seconds since the epoch; reconcile removes a lock no claim names
-    /// only once it is older than an ADD can take.
+    /// Seconds since the epoch. Read: when the API server made it, by its
+    /// own clock (`metadata.creationTimestamp`), since a node's clock may
+    /// be minutes off. Written: the writer's clock, as `spec.created`
+    /// (informative only).
     pub created: u64,
     /// None for an object not yet created.
     pub uid: Option<String>,
@@ -82,6 +93,23 @@ pub struct LockObject {
     /// policy lets only that node delete it. None on locks made before
     /// 0.2.0 and by the CLI's operator commands.
     pub node: Option<String>,
+    /// None for an object not yet created.
+    pub resource_version: Option<String>,
+    /// How often an ADD adopted it (`spec.adoptions`): every adoption
+    /// changes the object, so a delete at an earlier resourceVersion fails.
+    pub adoptions: u64,
+    /// When the API server last changed it, by its own clock (the latest
+    /// `metadata.managedFields[].time`): an adoption is as young as this.
+    /// None when the server sent no managed fields.
+    pub written: Option<u64>,
+}
+
+impl LockObject {
+    /// Seconds since the API server last made or changed the lock, at
+    /// `now`: what the orphan sweep compares with its grace.
+    pub fn age(&self, now: u64) -> u64 {
+        now.saturating_sub(self.created.max(self.written.unwrap_or(0)))
+    }
 }
 
 /// What `doctor` compares of the installer DaemonSet: the image its pods
@@ -130,8 +158,13 @@ pub trait KubeApi {
     }
     /// Create-if-absent: 409 when the address is locked already.
     fn create_lock(&self, lock: &LockObject) -> ApiResult<LockObject>;
-    /// Deletes with the UID precondition.
-    fn delete_lock(&self, name: &str, uid: &str) -> ApiResult<()>;
+    /// Deletes with the UID precondition, and the resourceVersion one when
+    /// given (the orphan sweep's: any write since its read stops it).
+    fn delete_lock(&self, name: &str, uid: &str, resource_version: Option<&str>) -> ApiResult<()>;
+    /// An ADD of the lock's identity adopts it (no claim names it): one
+    /// PUT at `lock.resource_version` that counts the adoption and names
+    /// NODE (when given) its node. A conflict when it changed since.
+    fn adopt_lock(&self, lock: &LockObject, node: Option<&str>) -> ApiResult<LockObject>;
     /// Names NODE the lock's node (the lock with this UID, else a
     /// conflict), so that node may delete it under the node-scope policy.
     fn take_lock(&self, name: &str, uid: &str, node: &str) -> ApiResult<()>;
@@ -315,5 +348,26 @@ mod tests {
             claim_name("macnet", "bgp/peer", crate::addr::Family::V6)
         );
         assert_ne!(holder_label("ab", "c"), holder_label("a", "bc"));
+    }
+
+    #[test]
+    fn a_locks_age_is_the_api_servers_not_the_nodes() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let lock = LockObject {
+            network: "macnet".into(),
+            ip: "10.0.0.13".parse().unwrap(),
+            identity: "peer".into(),
+            // The node's clock, ten minutes behind the API server's.
+            created: 1_700_000_000 - 600,
+            uid: Some("u1".into()),
+            node: Some("node1".into()),
+            resource_version: Some("5".into()),
+            adoptions: 0,
+            written: None,
+        };
+        let mut o = crd::to_lock(&lock);
+        let server = k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap();
+        o.metadata.creation_timestamp = Some(Time(server));
+        assert_eq!(crd::from_lock(&o).unwrap().created, 1_700_000_000);
     }
 }

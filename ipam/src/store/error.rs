@@ -16,8 +16,8 @@ pub enum StoreError {
     Conflict(String),
     /// The kubernetes API did not answer: nothing is known of the cluster.
     Unreachable(String),
-    /// The kubernetes API refused the request (RBAC, validation), or no
-    /// client could be built.
+    /// The kubernetes API refused the request (RBAC, validation), rejected
+    /// the credentials (401), or no client could be built.
     Refused(String),
     /// A record cannot be read; named, never guessed at.
     Damaged(String),
@@ -58,6 +58,14 @@ pub fn api_unreachable(why: &str) -> String {
     format!("kubernetes API unreachable: {why}")
 }
 
+/// How a 401 is said: the token in the kubeconfig is no longer valid,
+/// which no RBAC change fixes.
+pub fn token_rejected(why: &str) -> String {
+    format!(
+        "kubernetes API rejected the credentials: {why}: the token of ipam.store.kubeconfig is no longer valid (it expired, or its Node object was deleted and the node registered again under a new UID); the sticky-macvlan installer on this node renews it within a minute, or delete the DaemonSet's pod on this node to write a new one"
+    )
+}
+
 impl From<StoreError> for CniError {
     fn from(e: StoreError) -> CniError {
         match e {
@@ -82,6 +90,7 @@ impl From<ApiError> for StoreError {
             ApiError::Refused(m) => StoreError::Refused(format!(
                 "kubernetes API refused the request: {m}; check the RBAC of examples/rbac.yaml and ipam.store.kubeconfig"
             )),
+            ApiError::Unauthorized(m) => StoreError::Refused(token_rejected(&m)),
             ApiError::Client(m) => StoreError::Refused(format!(
                 "cannot use the kubernetes store (no request was made): {m}"
             )),

@@ -189,3 +189,50 @@ fn permissions_are_private() {
     assert_eq!(mode(&dir.join("net/claims/10.0.0.6")), 0o600);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn two_range_sets_of_one_family_give_an_identity_one_address_in_each() {
+    // The file store keys claims by address, not by (identity, family),
+    // so it keeps two IPv4 sets apart; the kubernetes store refuses them
+    // (config::one_set_per_family).
+    use crate::engine::{plan_add, AddRequest};
+    use crate::identity::{Identity, IdentitySource};
+    use crate::liveness::{Caller, Inspector, Verdict};
+    struct Dead;
+    impl Inspector for Dead {
+        fn verdict(&self, _: &Holder, _: Option<&Caller>) -> Verdict {
+            Verdict::Dead("gone".into())
+        }
+    }
+    let req = |cid: &str| AddRequest {
+        identity: Identity {
+            key: "peer".into(),
+            sticky: true,
+            source: IdentitySource::ArgsCni,
+            owner: None,
+        },
+        holder: claim("10.0.0.1", "peer", Some(cid)).holder.unwrap(),
+        caller: Caller { pod_uid: None },
+        requested: vec![],
+        now: 100,
+    };
+    let c = crate::config::IpamConfig::parse(
+        "net",
+        &serde_json::json!({"ranges": [
+            [{"subnet": "10.0.0.0/24", "rangeStart": "10.0.0.10", "rangeEnd": "10.0.0.11"}],
+            [{"subnet": "10.0.1.0/24", "rangeStart": "10.0.1.10", "rangeEnd": "10.0.1.11"}]
+        ]}),
+    )
+    .unwrap();
+    let d = tmpdir("two-v4-sets");
+    let mut s = FileStore::open(&d, "net").unwrap();
+    let ips = |g: &[crate::engine::Grant]| g.iter().map(|g| g.ip.to_string()).collect::<Vec<_>>();
+    let (plan, first) = plan_add(&c, &mut s, &Dead, &req("c1")).unwrap();
+    s.commit(&plan).unwrap();
+    assert_eq!(ips(&first), ["10.0.0.10", "10.0.1.10"]);
+    // A new sandbox of the same identity gets the same two addresses.
+    let (plan, again) = plan_add(&c, &mut s, &Dead, &req("c2")).unwrap();
+    s.commit(&plan).unwrap();
+    assert_eq!(ips(&again), ips(&first));
+    let _ = std::fs::remove_dir_all(&d);
+}

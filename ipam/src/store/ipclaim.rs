@@ -15,8 +15,10 @@
 //! reader trusts a claim without reading its lock. A crash between the two
 //! creates leaves a lock no claim names (an *orphan*): its address stays
 //! taken, shown as a reservation of the lock's identity, until an ADD of
-//! that identity that asks for the address adopts it, or reconcile removes
-//! it once it is older than any ADD can take (`sweep_orphan_locks`). A
+//! that identity that asks for the address adopts it (a PUT of the lock
+//! at the resourceVersion read, then the claim), or reconcile removes it
+//! once the API server made or changed it longer ago than any ADD can take
+//! (`sweep_orphan_locks`, deleting at the resourceVersion it listed). A
 //! claim create that loses keeps its lock only if the identity's winning
 //! claim names the same address (it adopted the lock).
 //!
@@ -49,10 +51,11 @@ use crate::kube::{
     LockObject,
 };
 
-/// How old a lock no claim names must be before reconcile removes it: far
-/// longer than an ADD can spend between its lock and its claim (two
-/// requests, each bounded by the client's timeout), with room for clock
-/// skew between the node that made it and the reconcile pod.
+/// How long ago the API server must have made or last changed a lock no
+/// claim names before reconcile removes it: far longer than an ADD can
+/// spend between its lock (made or adopted) and its claim (two requests,
+/// each bounded by the client's timeout), with room for clock skew
+/// between the API server and the reconcile pod.
 pub const ORPHAN_LOCK_GRACE_SECS: u64 = 600;
 
 /// What the node-local cache keeps of a claim's objects.
@@ -241,15 +244,23 @@ impl<'a> KubeStore<'a> {
     }
 
     /// Lock, then claim. A claim create that loses (the identity has a
-    /// claim in this family already) takes its lock back.
+    /// claim in this family already) takes its lock back. An orphan lock
+    /// of the identity is adopted: written first (`KubeApi::adopt_lock`, at
+    /// the resourceVersion read), so a sweep that read it before fails its
+    /// delete and one that reads it after finds it freshly written.
     fn create(&mut self, after: &Claim) -> StoreResult<()> {
         let ip = after.ip;
-        if self
+        let orphan = self
             .orphans
             .get(&ip)
-            .is_none_or(|l| l.identity != after.identity)
-        {
-            let lock = self
+            .filter(|l| l.identity == after.identity)
+            .cloned();
+        let lock = match orphan {
+            Some(orphan) => self
+                .api
+                .adopt_lock(&orphan, after.holder_node())
+                .map_err(StoreError::from)?,
+            None => self
                 .api
                 .create_lock(&LockObject {
                     network: self.network.clone(),
@@ -258,16 +269,19 @@ impl<'a> KubeStore<'a> {
                     created: now_secs(),
                     uid: None,
                     node: after.holder_node().map(str::to_string),
+                    resource_version: None,
+                    adoptions: 0,
+                    written: None,
                 })
                 .map_err(|e| {
                     if matches!(e, ApiError::Conflict(_)) {
                         self.collided = true;
                     }
                     StoreError::from(e)
-                })?;
-            if let Some(uid) = lock.uid {
-                self.lock_uids.insert(ip, uid);
-            }
+                })?,
+        };
+        if let Some(uid) = lock.uid {
+            self.lock_uids.insert(ip, uid);
         }
         let adopted = self.orphans.remove(&ip).is_some();
         match self.api.create_claim(&self.object(after, None)) {
@@ -318,11 +332,11 @@ impl<'a> KubeStore<'a> {
             },
         };
         let Some(uid) = uid else { return };
-        let deleted = match (self.api.delete_lock(&name, &uid), node) {
+        let deleted = match (self.api.delete_lock(&name, &uid, None), node) {
             (Err(ApiError::Refused(refusal)), Some(node)) => self
                 .api
                 .take_lock(&name, &uid, node)
-                .and_then(|()| self.api.delete_lock(&name, &uid))
+                .and_then(|()| self.api.delete_lock(&name, &uid, None))
                 .map_err(|e| ApiError::Refused(format!("{refusal}; taking it over: {e}"))),
             (result, _) => result,
         };
@@ -550,24 +564,32 @@ impl<'a> KubeStore<'a> {
         }
     }
 
-    /// Removes the locks no claim names that are older than `grace_secs`
-    /// (an ADD between its two creates is younger); the reconcile loop's
-    /// job. Returns the addresses freed.
+    /// Removes the locks no claim names that the API server made or last
+    /// changed more than `grace_secs` ago (an ADD between its lock and its
+    /// claim, or between its adoption of a lock and its claim, is younger);
+    /// the reconcile loop's job. Ages are the API server's clock
+    /// (`LockObject::age`): a node's may be minutes off. Each delete is
+    /// made at the resourceVersion listed, so an adoption since (which
+    /// writes the lock before its claim) makes it fail. Returns the
+    /// addresses freed.
     pub fn sweep_orphan_locks(&mut self, grace_secs: u64) -> StoreResult<Vec<IpAddr>> {
         self.list()?;
         let now = now_secs();
         let old: Vec<LockObject> = self
             .orphans
             .values()
-            .filter(|l| now.saturating_sub(l.created) > grace_secs)
+            .filter(|l| l.age(now) > grace_secs)
             .cloned()
             .collect();
         let mut freed = Vec::new();
         for lock in old {
-            let Some(uid) = lock.uid.as_deref() else {
+            let (Some(uid), Some(rv)) = (lock.uid.as_deref(), lock.resource_version.as_deref())
+            else {
                 continue;
             };
-            // An ADD may have adopted it since the listing.
+            // An ADD may have adopted it and made its claim since the
+            // listing; one that adopted it and has not yet made its claim
+            // changed the lock, which fails the delete.
             let name = claim_name(&self.network, &lock.identity, Family::of(lock.ip));
             if self
                 .api
@@ -579,7 +601,7 @@ impl<'a> KubeStore<'a> {
             }
             match self
                 .api
-                .delete_lock(&lock_name(&self.network, lock.ip), uid)
+                .delete_lock(&lock_name(&self.network, lock.ip), uid, Some(rv))
             {
                 Ok(()) => freed.push(lock.ip),
                 Err(ApiError::Conflict(_)) => {}
@@ -930,15 +952,22 @@ mod tests {
         }
 
         fn store<'a>(&self, api: &'a FakeApi) -> KubeStore<'a> {
-            let local = FileStore::open(&self.dir, "macnet").unwrap();
-            KubeStore::new(
-                api,
-                "macnet",
-                Some(local),
-                vec![Some("10.0.0.12".parse().unwrap())],
-            )
+            store_in(&self.dir, api)
         }
     }
+
+    /// The store of the node whose directory is DIR.
+    fn store_in<'a>(dir: &std::path::Path, api: &'a FakeApi) -> KubeStore<'a> {
+        let local = FileStore::open(dir, "macnet").unwrap();
+        KubeStore::new(
+            api,
+            "macnet",
+            Some(local),
+            vec![Some("10.0.0.12".parse().unwrap())],
+        )
+    }
+
+    impl Node {}
 
     /// ADD as cni_ipam does it, with its retries.
     fn add(
@@ -1306,6 +1335,9 @@ mod tests {
             created: 1,
             uid: None,
             node: None,
+            resource_version: None,
+            adoptions: 0,
+            written: None,
         })
         .unwrap();
         let e = store.commit(&plan).unwrap_err();
@@ -1325,8 +1357,10 @@ mod tests {
     fn an_orphan_lock_keeps_its_address_until_reconcile_sweeps_it() {
         let api = FakeApi::default();
         let n1 = Node::new();
-        // An ADD that crashed between its lock and its claim.
+        // An ADD that crashed between its lock and its claim, long ago by
+        // the API server's clock.
         let ip: IpAddr = "10.0.0.13".parse().unwrap();
+        api.clock.set(Some(1));
         api.create_lock(&LockObject {
             network: "macnet".into(),
             ip,
@@ -1334,8 +1368,12 @@ mod tests {
             created: 1,
             uid: None,
             node: Some("n1".into()),
+            resource_version: None,
+            adoptions: 0,
+            written: None,
         })
         .unwrap();
+        api.clock.set(None);
         // Next-fit from .12 skips the locked .13.
         running(&api, "x", "n1");
         running(&api, "y", "n1");
@@ -1355,6 +1393,128 @@ mod tests {
         );
         assert_eq!(store.sweep_orphan_locks(60).unwrap(), vec![ip]);
         locks_match(&api);
+    }
+
+    /// An ADD that crashed between its lock and its claim, long ago: the
+    /// orphan the sweep removes unless its identity's ADD adopts it.
+    fn old_orphan(api: &FakeApi, identity: &str) -> IpAddr {
+        let ip: IpAddr = "10.0.0.13".parse().unwrap();
+        api.clock.set(Some(1));
+        api.create_lock(&LockObject {
+            network: "macnet".into(),
+            ip,
+            identity: identity.into(),
+            created: 1,
+            uid: None,
+            node: Some("n1".into()),
+            resource_version: None,
+            adoptions: 0,
+            written: None,
+        })
+        .unwrap();
+        api.clock.set(None);
+        ip
+    }
+
+    /// The ADD that adopts the orphan on IP: its identity asks for it.
+    fn adopt(api: &FakeApi, dir: &std::path::Path, identity: &str, ip: IpAddr) -> Vec<IpAddr> {
+        running(api, "adopter", "n1");
+        let mut r = req(identity, true, "adopter", "n1");
+        r.requested = vec![ip];
+        let mut store = store_in(dir, api);
+        let inspector = KubeInspector::new(api, node("n1"));
+        let (_, grants) = crate::store::retry::with_retries(&mut store, "ADD", |s| {
+            plan_add(&conf(), s, &inspector, &r)
+        })
+        .unwrap();
+        grants.iter().map(|g| g.ip).collect()
+    }
+
+    /// The lock on IP is still there, the identity's claim names IP.
+    fn adopted_and_locked(api: &FakeApi, identity: &str, ip: IpAddr) {
+        let claims = api.claims.borrow();
+        let claim = claims
+            .get(&claim_name("macnet", identity, Family::V4))
+            .expect("the adopting ADD made its claim");
+        assert_eq!(claim.claim.ip, ip);
+        let locks = api.locks.borrow();
+        let lock = locks.get(&lock_name("macnet", ip));
+        assert!(
+            lock.is_some_and(|l| l.identity == identity),
+            "the claim on {ip} lost its lock: the address is free for a second identity ({locks:?})"
+        );
+    }
+
+    #[test]
+    fn an_adoption_between_the_sweeps_read_and_its_delete_keeps_the_lock() {
+        let api = FakeApi::default();
+        let n1 = Node::new();
+        let ip = old_orphan(&api, "peer");
+        // The sweep lists the locks and finds no claim of "peer"; the
+        // adopting ADD runs before the sweep's delete.
+        let lock = lock_name("macnet", ip);
+        let adopted = std::rc::Rc::new(std::cell::Cell::new(Vec::new()));
+        let (seen, dir) = (adopted.clone(), n1.dir.clone());
+        let hook = Box::new(move |api: &FakeApi| seen.set(adopt(api, &dir, "peer", ip)));
+        *api.before.borrow_mut() = Some((format!("delete lock {lock}"), hook));
+        // The sweep is reconcile's: no node-local record.
+        let mut sweeper = KubeStore::new(&api, "macnet", None, vec![None]);
+        let freed = sweeper.sweep_orphan_locks(60).unwrap();
+        assert_eq!(adopted.take(), vec![ip], "the ADD adopted the orphan");
+        assert_eq!(freed, Vec::<IpAddr>::new(), "the sweep missed the adoption");
+        adopted_and_locked(&api, "peer", ip);
+        locks_match(&api);
+    }
+
+    #[test]
+    fn a_sweep_between_an_adoptions_lock_write_and_its_claim_keeps_the_lock() {
+        let api = FakeApi::default();
+        let n1 = Node::new();
+        let ip = old_orphan(&api, "peer");
+        // The whole sweep runs between the adopting ADD's write of the
+        // lock (if any) and its claim create.
+        let freed = std::rc::Rc::new(std::cell::Cell::new(Vec::new()));
+        let seen = freed.clone();
+        let hook = Box::new(move |api: &FakeApi| {
+            let mut sweeper = KubeStore::new(api, "macnet", None, vec![None]);
+            seen.set(sweeper.sweep_orphan_locks(60).unwrap());
+        });
+        let claim = claim_name("macnet", "peer", Family::V4);
+        *api.before.borrow_mut() = Some((format!("create {claim}"), hook));
+        assert_eq!(adopt(&api, &n1.dir, "peer", ip), vec![ip]);
+        assert_eq!(
+            freed.take(),
+            Vec::<IpAddr>::new(),
+            "the sweep took an adopted lock"
+        );
+        adopted_and_locked(&api, "peer", ip);
+        locks_match(&api);
+    }
+
+    #[test]
+    fn a_lock_made_by_a_node_whose_clock_is_behind_is_not_old() {
+        let api = FakeApi::default();
+        let n1 = Node::new();
+        // A node an hour behind: its lock says it was made an hour ago,
+        // the API server made it just now.
+        api.create_lock(&LockObject {
+            network: "macnet".into(),
+            ip: "10.0.0.13".parse().unwrap(),
+            identity: "in-flight".into(),
+            created: now_secs() - 3600,
+            uid: None,
+            node: Some("n1".into()),
+            resource_version: None,
+            adoptions: 0,
+            written: None,
+        })
+        .unwrap();
+        let freed = n1
+            .store(&api)
+            .sweep_orphan_locks(ORPHAN_LOCK_GRACE_SECS)
+            .unwrap();
+        assert_eq!(freed, Vec::<IpAddr>::new(), "a fresh lock was swept");
+        assert_eq!(api.locks.borrow().len(), 1);
     }
 
     #[test]

@@ -212,10 +212,10 @@ pub fn master(name: &str, from: &str, link: Option<&LinkState>) -> Finding {
 /// An API error of a doctor request, as a finding of `check`.
 pub fn api_error(check: &'static str, server: &str, kubeconfig: &str, e: &ApiError) -> Finding {
     match e {
-        ApiError::Refused(m) if m.contains(" 401 ") => Finding::fail(
+        ApiError::Unauthorized(m) => Finding::fail(
             check,
             format!("the API server at {server} rejects the credentials of {kubeconfig}: {m}"),
-            "the token was revoked or has expired: let the DaemonSet's installer write a fresh one (delete its pod on this node), and check that its service account still exists",
+            "the token was revoked, has expired, or names a Node object that was deleted and registered again: the DaemonSet's installer writes a fresh one within a minute (or delete its pod on this node); check that its service account still exists",
         ),
         ApiError::Refused(m) if m.contains("does not know this resource") => Finding::fail(
             check,
@@ -386,7 +386,7 @@ mod tests {
             (master("eth1", "config", Some(&link(true, Some("bond")))), Severity::Fail, "the bond itself"),
             (master("eth1", "config", Some(&link(true, None))), Severity::Ok, ""),
             (
-                api_error("kubeconfig", "https://a", "/k", &ApiError::Refused("create selfsubjectaccessreview: 401 Unauthorized (Unauthorized)".into())),
+                api_error("kubeconfig", "https://a", "/k", &ApiError::Unauthorized("create selfsubjectaccessreview: 401 Unauthorized (Unauthorized)".into())),
                 Severity::Fail,
                 "fresh one",
             ),
