@@ -223,7 +223,9 @@ fn usage(command: &str) -> Option<&'static str> {
             "\
 claims [--dir DIR | --kubeconfig PATH | --in-cluster] [--network NET] [--node NAME] [--json]
   Lists every claim: network, IP, identity, sticky, holder pod and container,
-  node, state and age. STATE is one of held, dead, reserved, free, damaged;
+  node, state and age. STATE is one of held, dead, reserved, released, free,
+  damaged (released: a claim freed on a judgement, kept until a probe of its
+  address at its next grant);
   --json gives each claim with \"state\", \"reason\" and \"judgedFrom\".
   On the kubernetes store the state is judged from the API alone, as any
   node would, so it does not depend on where the command runs; --node NAME
@@ -234,7 +236,10 @@ claims [--dir DIR | --kubeconfig PATH | --in-cluster] [--network NET] [--node NA
         "release" => {
             "\
 release --network NET (--ip IP | --identity ID | --file NAME) [--force] [store options]
-  Removes a claim. Refused while its holder is considered alive, unless
+  Removes a claim. A claim that had a holder (or was already released on
+  a judgement) is kept as released instead, its identity's reservation
+  gone, so that its address is probed on the wire before it is bound
+  again. Refused while its holder is considered alive, unless
   --force; liveness as for claims (a node's own evidence only on that node,
   and stderr says which). --file removes a damaged record named by `claims`
   or by an error (a claim's file name, or identities/NAME, holders/NAME)
@@ -244,7 +249,8 @@ release --network NET (--ip IP | --identity ID | --file NAME) [--force] [store o
             "\
 reconcile [store options] [--network NET] [--interval SECONDS] [--keep-retired] [--metrics-addr ADDR]
   Releases every holder confirmed dead, once or every --interval seconds,
-  printing a summary line per sweep; SIGTERM stops it between sweeps.
+  printing a summary line per sweep (the addresses it frees are probed
+  before they are bound again); SIGTERM stops it between sweeps.
   Liveness as for claims (stderr says which evidence); every network, and
   every attempt after a lost race, is judged by lookups of its own. On
   the kubernetes store it also retires the sticky claims their network's
@@ -412,15 +418,26 @@ fn age(since: u64, now: u64) -> String {
 
 /// A claim's state, from a fixed vocabulary, and why.
 fn state(claim: &Claim, inspector: &dyn Inspector) -> (&'static str, String) {
+    let probe = |what: String| match &claim.unconfirmed {
+        Some(u) => format!(
+            "{what}; probed on the wire before its next grant: {}",
+            u.why
+        ),
+        None => what,
+    };
     match &claim.holder {
         None if claim.sticky => (
             "reserved",
-            "sticky, no holder: kept for its identity".into(),
+            probe("sticky, no holder: kept for its identity".into()),
+        ),
+        None if claim.is_tombstone() => (
+            "released",
+            probe("no holder, released on a judgement; an exhausted pool reuses it".into()),
         ),
         None => ("free", "no holder".into()),
         Some(h) => match inspector.verdict(h, None) {
-            Verdict::Alive(why) => ("held", why),
-            Verdict::Dead(why) => ("dead", why),
+            Verdict::Alive(why) => ("held", probe(why)),
+            Verdict::Dead(why) => ("dead", probe(why)),
         },
     }
 }
