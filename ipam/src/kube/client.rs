@@ -626,7 +626,13 @@ impl KubeApi for KubeClient {
         from_lock(&replaced).map_err(ApiError::Refused)
     }
 
-    fn take_lock(&self, name: &str, uid: &str, node: &str) -> ApiResult<()> {
+    fn take_lock(
+        &self,
+        name: &str,
+        uid: &str,
+        resource_version: Option<&str>,
+        node: &str,
+    ) -> ApiResult<Option<String>> {
         let api = self.locks();
         let what = format!("take iplock {name} over for node {node}");
         let Some(mut o) = self.get_opt(&what, api.get(name))? else {
@@ -637,10 +643,16 @@ impl KubeApi for KubeClient {
                 "{what}: it is another lock now"
             )));
         }
+        if resource_version.is_some() && o.metadata.resource_version.as_deref() != resource_version
+        {
+            return Err(ApiError::Conflict(format!(
+                "{what}: it changed since it was read (adopted)"
+            )));
+        }
         o.spec.node = Some(node.to_string());
         // The GET's resourceVersion is the precondition.
         self.run(&what, api.replace(name, &PostParams::default(), &o))
-            .map(drop)
+            .map(|taken| taken.metadata.resource_version)
     }
 
     fn create_claim(&self, obj: &ClaimObject) -> ApiResult<ClaimObject> {

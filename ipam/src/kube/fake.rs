@@ -182,16 +182,26 @@ impl KubeApi for FakeApi {
         }
     }
 
-    fn take_lock(&self, name: &str, uid: &str, node: &str) -> ApiResult<()> {
+    fn take_lock(
+        &self,
+        name: &str,
+        uid: &str,
+        resource_version: Option<&str>,
+        node: &str,
+    ) -> ApiResult<Option<String>> {
         self.record(format!("take lock {name}"))?;
         self.injected()?;
         let (rv, now) = (self.next_rv(), self.now());
         match self.locks.borrow_mut().get_mut(name) {
-            Some(cur) if cur.uid.as_deref() == Some(uid) => {
+            Some(cur)
+                if cur.uid.as_deref() == Some(uid)
+                    && (resource_version.is_none()
+                        || cur.resource_version.as_deref() == resource_version) =>
+            {
                 cur.node = Some(node.to_string());
-                cur.resource_version = Some(rv);
+                cur.resource_version = Some(rv.clone());
                 cur.written = Some(now);
-                Ok(())
+                Ok(Some(rv))
             }
             _ => Err(ApiError::Conflict(format!(
                 "{name} is gone or another lock"

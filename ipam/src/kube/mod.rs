@@ -165,9 +165,17 @@ pub trait KubeApi {
     /// PUT at `lock.resource_version` that counts the adoption and names
     /// NODE (when given) its node. A conflict when it changed since.
     fn adopt_lock(&self, lock: &LockObject, node: Option<&str>) -> ApiResult<LockObject>;
-    /// Names NODE the lock's node (the lock with this UID, else a
-    /// conflict), so that node may delete it under the node-scope policy.
-    fn take_lock(&self, name: &str, uid: &str, node: &str) -> ApiResult<()>;
+    /// Names NODE the lock's node (the lock with this UID, and at
+    /// `resource_version` when given, else a conflict), so that node may
+    /// delete it under the node-scope policy. Returns the lock's new
+    /// resourceVersion.
+    fn take_lock(
+        &self,
+        name: &str,
+        uid: &str,
+        resource_version: Option<&str>,
+        node: &str,
+    ) -> ApiResult<Option<String>>;
     fn get_pod(&self, namespace: &str, name: &str) -> ApiResult<Option<PodFacts>>;
     fn get_node(&self, name: &str) -> ApiResult<Option<ClusterNode>>;
     /// What retention needs of a StatefulSet, None when it no longer

@@ -44,7 +44,7 @@ use super::file::{claim_file_name, FileStore};
 use super::fsio::{make_dir, read_file, remove_file, write_atomic};
 use super::{Change, ClaimStore, Damaged, Listing, Plan, StoreError, StoreResult};
 use crate::addr::Family;
-use crate::claim::{now_secs, Claim};
+use crate::claim::{now_secs, Claim, Unconfirmed};
 use crate::identity::is_attachment_scoped;
 use crate::kube::{
     claim_name, holder_selector, lock_name, network_selector, ApiError, ClaimObject, KubeApi,
@@ -97,20 +97,33 @@ pub struct KubeStore<'a> {
     first_cursors: Vec<Option<IpAddr>>,
 }
 
-/// A lock no claim names, as the claim the engine plans with: a
-/// reservation of the lock's identity, so the address is neither handed
-/// to another identity nor reclaimed.
-fn orphan_claim(lock: &LockObject) -> Claim {
+/// A lock no claim names, as the claim the engine plans with. A young
+/// one is a reservation of the lock's identity (an ADD between its lock
+/// and its claim), so the address is neither handed to another identity
+/// nor reclaimed. One older than `ORPHAN_LOCK_GRACE_SECS` by the API
+/// server's clock was left by an ADD that died in between: a tombstone,
+/// which an exhausted pool reclaims on the spot (its address probed first,
+/// since that ADD's claim may have been written unseen), so no orphan
+/// outlives the pool's need for it even without the reconcile Deployment.
+fn orphan_claim(lock: &LockObject, now: u64) -> Claim {
+    let age = lock.age(now);
+    let old = age > ORPHAN_LOCK_GRACE_SECS;
     Claim {
         ip: lock.ip,
         identity: lock.identity.clone(),
-        sticky: true,
+        sticky: !old,
         holder: None,
         owner: None,
         namespace: None,
         created: lock.created,
         updated: lock.created,
-        unconfirmed: None,
+        unconfirmed: old.then(|| Unconfirmed {
+            since: now,
+            why: format!(
+                "an ADD of identity {:?} left its lock and no claim {age} s ago",
+                lock.identity
+            ),
+        }),
     }
 }
 
@@ -335,8 +348,8 @@ impl<'a> KubeStore<'a> {
         let deleted = match (self.api.delete_lock(&name, &uid, None), node) {
             (Err(ApiError::Refused(refusal)), Some(node)) => self
                 .api
-                .take_lock(&name, &uid, node)
-                .and_then(|()| self.api.delete_lock(&name, &uid, None))
+                .take_lock(&name, &uid, None, node)
+                .and_then(|taken| self.api.delete_lock(&name, &uid, taken.as_deref()))
                 .map_err(|e| ApiError::Refused(format!("{refusal}; taking it over: {e}"))),
             (result, _) => result,
         };
@@ -351,18 +364,46 @@ impl<'a> KubeStore<'a> {
         self.orphans.remove(&ip);
     }
 
+    /// Deletes an orphan lock exactly as it was read: an ADD that adopted
+    /// it since changed it, and the plan is made again (a conflict) rather
+    /// than free an address a claim is about to name. Another node's is
+    /// taken over first, at the same version (see `unlock`).
+    fn delete_orphan(&mut self, lock: &LockObject, node: Option<&str>) -> StoreResult<()> {
+        let name = lock_name(&self.network, lock.ip);
+        let Some(uid) = lock.uid.as_deref() else {
+            return Ok(());
+        };
+        let rv = lock.resource_version.as_deref();
+        let deleted = match (self.api.delete_lock(&name, uid, rv), node) {
+            (Err(ApiError::Refused(refusal)), Some(node)) => self
+                .api
+                .take_lock(&name, uid, rv, node)
+                .and_then(|taken| self.api.delete_lock(&name, uid, taken.as_deref()))
+                .map_err(|e| match e {
+                    ApiError::Conflict(_) => e,
+                    e => ApiError::Refused(format!("{refusal}; taking it over: {e}")),
+                }),
+            (result, _) => result,
+        };
+        deleted.map_err(StoreError::from)?;
+        self.orphans.remove(&lock.ip);
+        self.lock_uids.remove(&lock.ip);
+        Ok(())
+    }
+
     /// NODE: the node that makes this change (see `unlock`).
     fn remove(&mut self, before: &Claim, node: Option<&str>) -> StoreResult<()> {
-        if !self.orphans.contains_key(&before.ip) {
-            let rv = self.version_of(before.ip)?;
-            self.api
-                .delete_claim(
-                    &claim_name(&self.network, &before.identity, Family::of(before.ip)),
-                    &rv,
-                )
-                .map_err(StoreError::from)?;
-            self.versions.remove(&before.ip);
+        if let Some(orphan) = self.orphans.get(&before.ip).cloned() {
+            return self.delete_orphan(&orphan, node);
         }
+        let rv = self.version_of(before.ip)?;
+        self.api
+            .delete_claim(
+                &claim_name(&self.network, &before.identity, Family::of(before.ip)),
+                &rv,
+            )
+            .map_err(StoreError::from)?;
+        self.versions.remove(&before.ip);
         self.unlock(before.ip, &before.identity, node);
         Ok(())
     }
@@ -633,7 +674,7 @@ impl ClaimStore for KubeStore<'_> {
         match self.fetch(&lock.identity, Family::of(ip))? {
             Some(c) if c.ip == ip => Ok(Some(c)),
             _ => {
-                let orphan = orphan_claim(&lock);
+                let orphan = orphan_claim(&lock, now_secs());
                 self.orphans.insert(ip, lock);
                 Ok(Some(orphan))
             }
@@ -766,7 +807,7 @@ impl ClaimStore for KubeStore<'_> {
                 .iter()
                 .any(|c| c.ip == lock.ip && c.identity == lock.identity)
             {
-                claims.push(orphan_claim(lock));
+                claims.push(orphan_claim(lock, now_secs()));
                 self.orphans.insert(lock.ip, (*lock).clone());
             }
         }
@@ -871,6 +912,7 @@ mod tests {
     use crate::kube::liveness::KubeInspector;
     use crate::liveness::{Caller, NodeFacts};
     use crate::pod::PodFacts;
+    use cni::{code, CniError};
     use serde_json::json;
 
     fn conf() -> IpamConfig {
@@ -1191,6 +1233,111 @@ mod tests {
         let g = grants(&api, &n1, &r);
         assert!(held.iter().any(|h| h.ip == g[0].ip));
         assert!(probed(&g[0], &r), "{g:?}");
+    }
+
+    /// A lock an ADD on `node` made at `ip` for `identity`, `age` seconds
+    /// ago by the API server's clock, whose claim never followed.
+    fn orphan(api: &FakeApi, ip: &str, identity: &str, node: &str, age: u64) -> LockObject {
+        api.clock.set(Some(now_secs() - age));
+        let lock = api
+            .create_lock(&LockObject {
+                network: "macnet".into(),
+                ip: ip.parse().unwrap(),
+                identity: identity.into(),
+                created: 0,
+                uid: None,
+                node: Some(node.into()),
+                resource_version: None,
+                adoptions: 0,
+                written: None,
+            })
+            .unwrap();
+        api.clock.set(None);
+        lock
+    }
+
+    /// The pool's tenth address (10.0.0.19) locked by an ADD of n2's that
+    /// never made its claim, `age` seconds ago; the other nine held by live
+    /// pods on n2. The caller answers to the node-scope policy as n1.
+    fn full_but_an_orphan(api: &FakeApi, n2: &Node, age: u64) -> String {
+        let crashed = dynamic_key("c-crashed", "net1");
+        orphan(api, "10.0.0.19", &crashed, "n2", age);
+        *api.node_scope.borrow_mut() = Some("n2".into());
+        for i in 0..9 {
+            let pod = format!("live-{i}");
+            running(api, &pod, "n2");
+            let key = dynamic_key(&format!("c-{pod}"), "net1");
+            grants(api, n2, &req(&key, false, &pod, "n2"));
+        }
+        *api.node_scope.borrow_mut() = Some("n1".into());
+        crashed
+    }
+
+    /// A new Deployment pod's ADD on n1, with its retries.
+    fn add_new_pod(
+        api: &FakeApi,
+        n1: &Node,
+    ) -> (AddRequest, Result<Vec<crate::engine::Grant>, CniError>) {
+        running(api, "new", "n1");
+        let r = req(&dynamic_key("c-new", "net1"), false, "new", "n1");
+        let mut store = n1.store(api);
+        let inspector = KubeInspector::new(api, node("n1"));
+        let got = crate::store::retry::with_retries(&mut store, "ADD", |s| {
+            plan_add(&conf(), s, &inspector, &r)
+        })
+        .map(|(_, g)| g)
+        .map_err(CniError::from);
+        (r, got)
+    }
+
+    #[test]
+    fn an_exhausted_pool_reclaims_an_old_orphan_lock_probed_and_keeps_a_young_one() {
+        // Issue 26 item 10: without the reconcile Deployment nothing removed
+        // a lock an ADD left behind, and the exhaustion hint named a command
+        // that cannot remove one.
+        let (api, n1, n2) = (FakeApi::default(), Node::new(), Node::new());
+        // 30 s old: an ADD may be between its lock and its claim.
+        full_but_an_orphan(&api, &n2, 30);
+        let e = add_new_pod(&api, &n1).1.unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+        assert_eq!(api.locks.borrow().len(), 10);
+        // Past the grace, the ADD that made it is long dead: the pool takes
+        // the address back, takes n2's lock over (node scope) and probes the
+        // address, since that ADD may have bound it unseen.
+        let (api, n1, n2) = (FakeApi::default(), Node::new(), Node::new());
+        full_but_an_orphan(&api, &n2, ORPHAN_LOCK_GRACE_SECS + 60);
+        let (r, got) = add_new_pod(&api, &n1);
+        let g = got.unwrap();
+        assert_eq!(g[0].ip.to_string(), "10.0.0.19");
+        assert!(g[0].reclaimed && probed(&g[0], &r), "{g:?}");
+        let lock = api.locks.borrow()[&lock_name("macnet", g[0].ip)].clone();
+        assert_eq!(lock.identity, r.identity.key);
+        assert_eq!(lock.node.as_deref(), Some("n1"));
+    }
+
+    #[test]
+    fn a_reclaim_of_an_orphan_lock_an_add_adopts_meanwhile_plans_again() {
+        let (api, n1, n2) = (FakeApi::default(), Node::new(), Node::new());
+        let crashed = full_but_an_orphan(&api, &n2, ORPHAN_LOCK_GRACE_SECS + 60);
+        // Between the reclaim's listing and its delete, the crashed ADD's
+        // retry adopts the lock (and is about to write its claim).
+        *api.before.borrow_mut() = Some((
+            "delete lock".into(),
+            Box::new(|api: &FakeApi| {
+                let name = lock_name("macnet", "10.0.0.19".parse().unwrap());
+                let lock = api.locks.borrow()[&name].clone();
+                api.adopt_lock(&lock, Some("n2")).unwrap();
+            }),
+        ));
+        // The adopted lock is young again: the pool is full.
+        let e = add_new_pod(&api, &n1).1.unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER, "{e}");
+        let name = lock_name("macnet", "10.0.0.19".parse().unwrap());
+        assert_eq!(
+            api.locks.borrow()[&name].identity,
+            crashed,
+            "the adopted lock stays"
+        );
     }
 
     #[test]
