@@ -39,6 +39,25 @@ pub fn ordinal(owner: &Owner, identity: &str) -> Option<u32> {
     digits.parse().ok()
 }
 
+/// Whether the StatefulSet of `owner`'s name in `state` is a successor
+/// (another UID: the old one was deleted, say with `--cascade=orphan`, and
+/// a new one made) that has adopted the identity's pod: the pod now exists
+/// under it, controlled by `pod_controller` (the UID in its
+/// ownerReferences). Its claim is then the successor's, not a retired one:
+/// a pod restarting its sandbox while reconcile sweeps keeps its address.
+pub fn adopted_by_successor(
+    owner: &Owner,
+    state: &OwnerState,
+    pod_controller: Option<&str>,
+) -> bool {
+    match (state, pod_controller) {
+        (OwnerState::Present(facts), Some(controller)) => {
+            facts.uid != owner.uid && controller == facts.uid
+        }
+        _ => false,
+    }
+}
+
 /// Why the claim of `identity`, owned by `owner`, is retired, or None
 /// while it is kept.
 pub fn retired(owner: &Owner, identity: &str, state: &OwnerState) -> Option<String> {
@@ -266,5 +285,28 @@ mod tests {
         let o: Owner = serde_json::from_str(partial).unwrap();
         assert_eq!(o.retention.when_deleted, Delete);
         assert_eq!(o.retention.when_scaled, Delete);
+    }
+
+    #[test]
+    fn a_successor_that_adopted_the_pod_keeps_its_claim() {
+        let o = owner(Retain, Delete);
+        // (state, the pod's controller now, adopted?)
+        let cases = [
+            (present("u2", 3, 0), Some("u2"), true),
+            // The pod is still the old set's (or gone): a re-creation.
+            (present("u2", 3, 0), Some("u1"), false),
+            (present("u2", 3, 0), None, false),
+            // The same set: nothing to adopt.
+            (present("u1", 3, 0), Some("u1"), false),
+            (OwnerState::Missing, Some("u2"), false),
+            (OwnerState::Unknown, Some("u2"), false),
+        ];
+        for (state, controller, want) in cases {
+            assert_eq!(
+                adopted_by_successor(&o, &state, controller),
+                want,
+                "{state:?} {controller:?}"
+            );
+        }
     }
 }

@@ -27,6 +27,9 @@ pub struct NetworkGauges {
     pub reserved: u64,
     /// Held by an attachment liveness judged dead (reconcile frees them).
     pub dead: u64,
+    /// Released on a judgement and kept until a probe confirms them
+    /// (tombstones): only an exhausted pool reuses them, so not free.
+    pub released: u64,
 }
 
 /// Network name -> addresses in its ranges, from NAD configs (a plugin
@@ -147,7 +150,12 @@ impl Metrics {
         );
         let mut by_state = Vec::new();
         for (n, g) in &self.networks {
-            for (state, v) in [("held", g.held), ("reserved", g.reserved), ("dead", g.dead)] {
+            for (state, v) in [
+                ("held", g.held),
+                ("reserved", g.reserved),
+                ("dead", g.dead),
+                ("released", g.released),
+            ] {
                 by_state.push((
                     format!("{{network=\"{}\",state=\"{state}\"}}", escape(n)),
                     v as f64,
@@ -157,7 +165,7 @@ impl Metrics {
         family(
             "sticky_macvlan_addresses",
             "gauge",
-            "Claimed addresses by state: held by a live attachment, reserved for a sticky identity with no holder, or held by an attachment judged dead.",
+            "Claimed addresses by state: held by a live attachment, reserved for a sticky identity with no holder, held by an attachment judged dead, or released on a judgement and kept until a probe confirms the address (an exhausted pool reuses those).",
             by_state,
         );
         family(
@@ -167,7 +175,7 @@ impl Metrics {
             self.networks
                 .iter()
                 .filter_map(|(n, g)| {
-                    let claimed = (g.held + g.reserved + g.dead) as f64;
+                    let claimed = (g.held + g.reserved + g.dead + g.released) as f64;
                     Some((net(n), (g.range? - claimed).max(0.0)))
                 })
                 .collect(),
@@ -322,9 +330,10 @@ mod tests {
             "fabric".into(),
             NetworkGauges {
                 range: Some(10.0),
-                held: 7,
+                held: 6,
                 reserved: 2,
                 dead: 0,
+                released: 1,
             },
         );
         m.networks.insert(
@@ -353,8 +362,9 @@ mod tests {
         let text = m.render();
         for line in [
             "sticky_macvlan_range_addresses{network=\"fabric\"} 10",
-            "sticky_macvlan_addresses{network=\"fabric\",state=\"held\"} 7",
+            "sticky_macvlan_addresses{network=\"fabric\",state=\"held\"} 6",
             "sticky_macvlan_addresses{network=\"fabric\",state=\"reserved\"} 2",
+            "sticky_macvlan_addresses{network=\"fabric\",state=\"released\"} 1",
             "sticky_macvlan_addresses{network=\"nad-less\",state=\"held\"} 1",
             "sticky_macvlan_free_addresses{network=\"fabric\"} 1",
             "sticky_macvlan_refusals_total{network=\"fabric\",reason=\"StickyPoolExhausted\"} 2",

@@ -839,6 +839,7 @@ fn sweep_networks<'a>(
             match state(c, inspector.as_ref()).0 {
                 "held" => g.held += 1,
                 "dead" => g.dead += 1,
+                "released" => g.released += 1,
                 _ => g.reserved += u64::from(c.sticky),
             }
         }

@@ -120,10 +120,12 @@ impl Planner<'_> {
         let origin = self.origin_of(claim.holder.as_ref());
         let unconfirmed = self.mark(claim, &origin, took_over.as_ref());
         // A retried ADD by the same attachment writes nothing.
-        // A claim stored before namespaces were recorded binds now.
+        // A claim stored before namespaces were recorded binds now, and
+        // so does a tombstone (its old namespace is only a record).
         let namespace = claim
             .namespace
             .clone()
+            .filter(|_| !claim.is_tombstone())
             .or_else(|| self.req.holder.pod_namespace.clone());
         let unchanged = claim.held_by(&self.req.holder.container_id, &self.req.holder.ifname)
             && claim.holder.as_ref().map(|h| &h.netns) == Some(&self.req.holder.netns)
@@ -248,10 +250,23 @@ impl Planner<'_> {
     /// unless their StatefulSet was deleted and nobody holds them.
     fn reclaim(&mut self, index: usize, set: &RangeSet, scanned: u128) -> PlanResult<Grant> {
         let listing = self.store.list()?;
+        // From the cursor on, as next-fit walks: an address whose probe was
+        // answered (the ADD undone, the cursor left on it) is not the first
+        // candidate again, so one live squatter cannot block the pool.
+        let cursor = self.store.cursor(index)?.map(to_u128);
+        let mut candidates: Vec<&Claim> = listing
+            .claims
+            .iter()
+            .filter(|c| set.contains(c.ip))
+            .collect();
+        candidates.sort_by_key(|c| {
+            let n = to_u128(c.ip);
+            (cursor.is_some_and(|at| n <= at), n)
+        });
         let mut live = 0usize;
         let mut idle_sticky = Vec::new();
         let mut claimed = 0usize;
-        for claim in listing.claims.iter().filter(|c| set.contains(c.ip)) {
+        for claim in candidates {
             claimed += 1;
             if self.planned(claim.ip) {
                 continue;

@@ -8,7 +8,11 @@ use crate::claim::Claim;
 use crate::store::{Change, ClaimStore, Plan, PlanResult};
 
 /// Clears the mark on each of `ips` whose claim is still held by this
-/// attachment; a claim someone else changed since is left as it is.
+/// attachment; a claim someone else changed since is left as it is. The
+/// attachment's claims are read as DEL reads them (on the kubernetes store
+/// from the node-local cache the ADD just wrote), so the confirmation costs
+/// its one write and no read; a stale entry fails that write's
+/// precondition and the plan is made again.
 pub fn plan_confirm(
     store: &mut dyn ClaimStore,
     ips: &[IpAddr],
@@ -16,11 +20,8 @@ pub fn plan_confirm(
     ifname: &str,
 ) -> PlanResult<Plan> {
     let mut plan = Plan::default();
-    for ip in ips {
-        let Some(claim) = store.claim(*ip)? else {
-            continue;
-        };
-        if claim.unconfirmed.is_none() || !claim.held_by(container_id, ifname) {
+    for claim in store.claims_of_holder(container_id, ifname)? {
+        if claim.unconfirmed.is_none() || !ips.contains(&claim.ip) {
             continue;
         }
         plan.changes.push(Change {

@@ -176,3 +176,64 @@ fn a_second_attachment_of_one_pod_to_one_network_is_refused_not_taken_over() {
     let g = add(&c, &mut s, &Alive(vec![]), &own).unwrap();
     assert_ne!(g[0].ip, before.values().next().unwrap().ip);
 }
+
+// Found by an adversarial review of the change above.
+
+#[test]
+fn a_released_identity_taken_up_in_another_namespace_is_bound_there() {
+    let c = one();
+    let mut s = MemoryStore::default();
+    let alive = Alive(vec![]);
+    add(&c, &mut s, &alive, &req("peer-a", true, "a")).unwrap();
+    let (plan, _) = plan_release(
+        &mut s,
+        &alive,
+        "net",
+        &ReleaseTarget::Identity("peer-a".into()),
+        false,
+        5,
+    )
+    .unwrap();
+    s.commit(&plan).unwrap();
+    // A pod of namespace "other" takes the identity up (a tombstone binds
+    // no namespace); the claim is "other"'s now, so its pod's next sandbox
+    // is served and "ns" may no longer take it back.
+    let mut other = req("peer-a", true, "b");
+    other.holder.pod_namespace = Some("other".into());
+    add(&c, &mut s, &alive, &other).unwrap();
+    let got = s.claims.values().next().unwrap().clone();
+    assert_eq!(got.namespace.as_deref(), Some("other"), "{got:?}");
+    del(&mut s, "b");
+    let mut again = req("peer-a", true, "b2");
+    again.holder.pod_namespace = Some("other".into());
+    add(&c, &mut s, &alive, &again).unwrap();
+    let e = add(&c, &mut s, &alive, &req("peer-a", true, "a2"))
+        .map(drop)
+        .unwrap_err();
+    assert_eq!(e.code, code::NAMESPACE_NOT_ALLOWED, "{e}");
+}
+
+#[test]
+fn an_address_whose_probe_was_answered_is_not_the_pools_next_candidate_again() {
+    // Two tombstones fill the pool; the first one's address answers on
+    // the wire (its judged-dead pod is alive after all), so that reclaim
+    // is undone. The next ADD must try the other one, not the same again.
+    let c =
+        conf(json!({"subnet": "10.0.0.0/24", "rangeStart": "10.0.0.10", "rangeEnd": "10.0.0.11"}));
+    let mut s = MemoryStore::default();
+    let both = Alive(vec!["p1", "p2"]);
+    add(&c, &mut s, &both, &req("p1/net1", false, "p1")).unwrap();
+    add(&c, &mut s, &both, &req("p2/net1", false, "p2")).unwrap();
+    let gc = plan_gc(&mut s, "n1", &Default::default(), 5).unwrap();
+    s.commit(&gc).unwrap();
+    let mut tried = Vec::new();
+    for i in 0..2 {
+        let r = req(&format!("q{i}/net1"), false, &format!("q{i}"));
+        let (plan, g) = plan_add(&c, &mut s, &Alive(vec![]), &r).unwrap();
+        s.commit(&plan).unwrap();
+        tried.push(g[0].ip.to_string());
+        let undo = crate::engine::plan_undo(&mut s, &plan).unwrap();
+        s.commit(&undo).unwrap();
+    }
+    assert_ne!(tried[0], tried[1], "{tried:?}");
+}

@@ -195,7 +195,28 @@ impl Inspector for KubeInspector<'_> {
             self.owners.borrow_mut().insert(key, got.clone());
             got
         });
-        retention::retired(owner, identity, &owner_state(found))
+        let state = owner_state(found);
+        // A successor of the same name that adopted the pod owns the claim
+        // now (its next ADD records that); only then is the pod looked up.
+        let successor = match &state {
+            OwnerState::Present(facts) if facts.uid != owner.uid => {
+                let controller =
+                    identity
+                        .split_once('/')
+                        .and_then(|(ns, name)| match self.pod(ns, name, "") {
+                            Lookup::Found(p) => p.stateful_set.map(|s| s.uid),
+                            _ => None,
+                        });
+                retention::adopted_by_successor(owner, &state, controller.as_deref()).then(|| {
+                    Owner {
+                        uid: facts.uid.clone(),
+                        ..owner.clone()
+                    }
+                })
+            }
+            _ => None,
+        };
+        retention::retired(successor.as_ref().unwrap_or(owner), identity, &state)
     }
 
     fn verdict(&self, holder: &Holder, caller: Option<&Caller>) -> Verdict {
@@ -465,5 +486,60 @@ mod tests {
             "{v:?}"
         );
         assert_eq!(api.count("get pod"), 2, "{:?}", api.calls.borrow());
+    }
+
+    #[test]
+    fn a_statefulset_recreated_over_its_orphaned_pods_keeps_their_claims() {
+        // Issue 26 item 10: `kubectl delete sts db --cascade=orphan`, then
+        // the same StatefulSet applied again: it adopts the running pods.
+        // Their claims name the old UID until each pod's next ADD, and under
+        // the default whenDeleted=Delete they looked retired, so a pod whose
+        // sandbox restarted during a sweep lost its address.
+        use crate::kube::fake::FakeApi;
+        use crate::pod::StableOwner;
+        use crate::retention::StatefulSetFacts;
+        let api = FakeApi::default();
+        api.stateful_sets.borrow_mut().insert(
+            "db/db".into(),
+            StatefulSetFacts {
+                uid: "sts-2".into(),
+                replicas: 2,
+                ordinal_start: 0,
+            },
+        );
+        let controlled_by = |uid: &str| PodFacts {
+            uid: "pod-uid".into(),
+            phase: Some("Pending".into()),
+            stateful_set: Some(StableOwner {
+                kind: crate::pod::STATEFUL_SET,
+                name: "db".into(),
+                uid: uid.into(),
+            }),
+            ..PodFacts::default()
+        };
+        api.pods
+            .borrow_mut()
+            .insert("db/db-0".into(), controlled_by("sts-2"));
+        api.pods
+            .borrow_mut()
+            .insert("db/db-1".into(), controlled_by("sts-1"));
+        let old = Owner {
+            kind: crate::pod::STATEFUL_SET.into(),
+            namespace: "db".into(),
+            name: "db".into(),
+            uid: "sts-1".into(),
+            retention: Default::default(),
+        };
+        let inspector = KubeInspector::new(
+            &api,
+            NodeFacts {
+                node: "node1".into(),
+                boot_id: "b".into(),
+            },
+        );
+        assert_eq!(inspector.owner_retired(&old, "db/db-0"), None, "adopted");
+        // Not adopted (still the old set's, or no pod): a re-creation.
+        assert!(inspector.owner_retired(&old, "db/db-1").is_some());
+        assert!(inspector.owner_retired(&old, "db/db-5").is_some());
     }
 }

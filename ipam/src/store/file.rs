@@ -303,6 +303,7 @@ impl FileStore {
                 "{name:?} is not a record of this store: give a claim's file name (an address) or identities/NAME or holders/NAME, as `sticky-macvlan claims` and the damage report name it"
             )));
         }
+        let is_claim = dir == CLAIMS;
         let dir = self.root.join(dir);
         let path = dir.join(file);
         if read_file(&path)?.is_none() {
@@ -310,6 +311,34 @@ impl FileStore {
                 "there is no record {name:?} in {}",
                 self.root.display()
             )));
+        }
+        if let Some(ip) = file.parse::<IpAddr>().ok().filter(|_| is_claim) {
+            // Only a damaged claim is this command's: a readable one has a
+            // holder or identity whose release is a judgement (I7).
+            if let Ok(Some(claim)) = self.read_claim(&path, ip) {
+                return Err(StoreError::Invalid(format!(
+                    "record {name:?} is a readable claim of identity {:?}, not a damaged one: release it with `sticky-macvlan release --ip {ip}`, which checks its holder and keeps its address probed before it is bound again",
+                    claim.identity
+                )));
+            }
+            // Its holder is unknown: the address stays, marked, as a
+            // tombstone an exhausted pool reclaims with a probe.
+            let now = crate::claim::now_secs();
+            let stone = Claim {
+                ip,
+                identity: format!("damaged:{ip}"),
+                sticky: false,
+                holder: None,
+                owner: None,
+                namespace: None,
+                created: now,
+                updated: now,
+                unconfirmed: Some(crate::claim::Unconfirmed {
+                    since: now,
+                    why: "its damaged record was removed by `release --file`, with its holder unknown".into(),
+                }),
+            };
+            return write_atomic(&path, &encode(&stone), true);
         }
         remove_file(&path)?;
         fsync_dir(&dir)

@@ -236,3 +236,29 @@ fn two_range_sets_of_one_family_give_an_identity_one_address_in_each() {
     assert_eq!(ips(&again), ips(&first));
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn release_file_refuses_a_readable_claim_and_keeps_a_damaged_ones_address_marked() {
+    // Found by review: `release --file` deleted any record, so a live
+    // claim's address (or one whose holder a damaged record hid) was next
+    // handed out fresh, unprobed.
+    let dir = tmpdir("relfile");
+    let mut s = FileStore::open(&dir, "net").unwrap();
+    let held = claim("10.0.0.5", "live", Some("c1"));
+    s.commit(&Plan {
+        changes: vec![Change {
+            before: None,
+            after: Some(held),
+        }],
+        cursors: vec![],
+    })
+    .unwrap();
+    let e = s.remove_record("10.0.0.5").unwrap_err();
+    assert!(e.to_string().contains("release --ip 10.0.0.5"), "{e}");
+    assert!(s.claim("10.0.0.5".parse().unwrap()).unwrap().is_some());
+    std::fs::write(dir.join("net/claims/10.0.0.6"), b"{not json").unwrap();
+    s.remove_record("10.0.0.6").unwrap();
+    let stone = s.claim("10.0.0.6".parse().unwrap()).unwrap().unwrap();
+    assert!(stone.is_tombstone(), "{stone:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

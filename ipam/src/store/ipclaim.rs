@@ -1341,6 +1341,34 @@ mod tests {
     }
 
     #[test]
+    fn a_takeover_and_its_confirmation_cost_four_requests() {
+        // Found by review: the confirmation read the claim through its lock
+        // (two GETs) instead of the cache the ADD had just written.
+        let api = FakeApi::default();
+        let (n1, n2) = (Node::new(), Node::new());
+        running(&api, "rs0-0", "n1");
+        add(&api, Some(&n1), &req("peer-a", true, "rs0-0", "n1")).unwrap();
+        api.pods.borrow_mut().clear();
+        running(&api, "rs0-1", "n2");
+        let r = req("peer-a", true, "rs0-1", "n2");
+        let (g, mut calls) = counted(&api, || grants(&api, &n2, &r));
+        assert!(g[0].unconfirmed);
+        let (_, confirm) = counted(&api, || {
+            let mut store = n2.store(&api);
+            crate::store::retry::with_retries(&mut store, "confirm", |s| {
+                crate::engine::plan_confirm(s, &[g[0].ip], &r.holder.container_id, "net1")
+                    .map(|p| (p, ()))
+            })
+            .unwrap()
+        });
+        assert_eq!(confirm.len(), 1, "one write: {confirm:?}");
+        calls.extend(confirm);
+        assert_eq!(calls.len(), 4, "{calls:?}");
+        let held = api.claims.borrow().values().next().unwrap().claim.clone();
+        assert!(held.unconfirmed.is_none() && held.held_by(&r.holder.container_id, "net1"));
+    }
+
+    #[test]
     fn request_counts_on_the_common_paths() {
         let api = FakeApi::default();
         let n1 = Node::new();
