@@ -484,6 +484,50 @@ impl KubeApi {
         path: &str,
         body: Option<&Value>,
     ) -> std::io::Result<(u16, Value)> {
+        self.try_request_with(method, path, body, &[])
+    }
+
+    /// A request as the `sticky-macvlan` service account (the real server
+    /// only), through the admin's impersonation: with NODE, as a token
+    /// bound to that node carries it (the user's
+    /// `authentication.kubernetes.io/node-name` extra); without, as a
+    /// token that names no node (its credential ID only, as an unbound
+    /// or secret-bound token carries). The account is given the plugins' group,
+    /// so examples/rbac.yaml's ClusterRole applies.
+    #[track_caller]
+    pub fn request_as_plugin(
+        &self,
+        node: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        assert!(self.is_real(), "impersonation needs the real API server");
+        let mut headers = vec![
+            "Impersonate-User: system:serviceaccount:kube-system:sticky-macvlan".to_string(),
+            format!("Impersonate-Group: {PLUGIN_GROUP}"),
+            "Impersonate-Group: system:serviceaccounts".to_string(),
+        ];
+        match node {
+            Some(node) => headers.push(format!(
+                "Impersonate-Extra-authentication.kubernetes.io%2Fnode-name: {node}"
+            )),
+            // What every service-account JWT carries, bound or not.
+            None => headers.push(
+                "Impersonate-Extra-authentication.kubernetes.io%2Fcredential-id: JTI=e2e".into(),
+            ),
+        }
+        self.try_request_with(method, path, body, &headers)
+            .unwrap_or_else(|e| panic!("API {method} {path} as the plugin of {node:?}: {e}"))
+    }
+
+    fn try_request_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        headers: &[String],
+    ) -> std::io::Result<(u16, Value)> {
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let content_type = if method == "PATCH" {
             "application/merge-patch+json"
@@ -518,6 +562,7 @@ impl KubeApi {
                     ])
                     .args(["--max-time", "20", "-X", method])
                     .args(["-H", &format!("Authorization: Bearer {ADMIN_TOKEN}")])
+                    .args(headers.iter().flat_map(|h| ["-H", h.as_str()]))
                     .args([
                         "-H",
                         &format!("Content-Type: {content_type}"),

@@ -3164,7 +3164,8 @@ spec:
 
 /// examples/node-scope-policy.yaml on the real API server: node1's plugin
 /// token may not release, redirect or delete a claim node2 holds, nor
-/// create one naming node2; it may change its own. The same for the
+/// create one naming node2, nor take it over without the unconfirmed
+/// mark, nor move a claim's address; it may change its own. The same for the
 /// locks, which name the node that made them; and node1's token may mint
 /// the account's token only bound to node1. (Server-side dry runs:
 /// admission runs, nothing is stored.)
@@ -3281,6 +3282,29 @@ fn one_nodes_token_is_refused_when_it_rewrites_another_nodes_live_claim() {
         as_me(&["create", "--dry-run=server", "-f", "-"], Some(&forged)),
         "a node names only itself",
     );
+    // A takeover must carry the unconfirmed mark (so the address is
+    // probed before anyone binds it), and a claim's address never moves.
+    let mut unmarked = theirs.clone();
+    unmarked["status"]["holder"]["node"] = serde_json::json!(me);
+    if let Some(status) = unmarked["status"].as_object_mut() {
+        status.remove("unconfirmed");
+    }
+    refused(
+        "taking node2's claim over without the mark",
+        as_me(&["replace", "--dry-run=server", "-f", "-"], Some(&unmarked)),
+        "without setting status.unconfirmed",
+    );
+    let mut marked = unmarked.clone();
+    marked["status"]["unconfirmed"] = serde_json::json!({"since": 1, "why": "scope test"});
+    let (ok, said) = as_me(&["replace", "--dry-run=server", "-f", "-"], Some(&marked));
+    assert!(ok, "node1 taking node2's claim over, marked: {said}");
+    let mut moved = claim_of("mine");
+    moved["spec"]["ip"] = serde_json::json!("172.31.59.250");
+    refused(
+        "moving node1's own claim to another address",
+        as_me(&["replace", "--dry-run=server", "-f", "-"], Some(&moved)),
+        "never change",
+    );
     // Its own claim: allowed (the policy is not a blanket refusal).
     let mut own = claim_of("mine");
     own["metadata"]["labels"]["scope-test"] = serde_json::json!("1");
@@ -3384,6 +3408,6 @@ fn one_nodes_token_is_refused_when_it_rewrites_another_nodes_live_claim() {
     assert!(ok, "node1 minting a token bound to itself: {said}");
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!(
-        "node scope: {me}'s plugin token refused releasing, redirecting, deleting and forging {other}'s claim, deleting its lock, giving it to another identity and forging one, minting a token bound to {other} or to nothing; allowed on its own claim and lock, to take {other}'s lock over, and to mint a token bound to {me}"
+        "node scope: {me}'s plugin token refused releasing, redirecting, deleting and forging {other}'s claim, taking it over unmarked, moving its own claim's address, deleting {other}'s lock, giving it to another identity and forging one, minting a token bound to {other} or to nothing; allowed on its own claim and lock, to take {other}'s lock over, and to mint a token bound to {me}"
     );
 }

@@ -24,7 +24,9 @@ pub struct FakeApi {
     pub unreachable: Cell<bool>,
     /// The node whose token the fake answers as under the node-scope
     /// policy (examples/node-scope-policy.yaml): a delete of a lock that
-    /// names another node is refused, as the API server refuses it.
+    /// names another node is refused, as the API server refuses it, and
+    /// so is a takeover of another node's claim without the unconfirmed
+    /// mark.
     pub node_scope: RefCell<Option<String>>,
     /// Runs once, just before the first call whose "verb target" starts
     /// with the prefix: another client's requests slipped in between two
@@ -256,6 +258,18 @@ impl KubeApi for FakeApi {
             None => Err(ApiError::Conflict(format!("{name} not found"))),
             Some(cur) if cur.resource_version != obj.resource_version => {
                 Err(ApiError::Conflict(format!("{name} was modified")))
+            }
+            // The policy's takeover rule: naming itself the holder of
+            // another node's claim, a node sets status.unconfirmed.
+            Some(cur)
+                if self.node_scope.borrow().as_ref().is_some_and(|me| {
+                    cur.claim.holder_node().is_some_and(|theirs| theirs != me)
+                        && obj.claim.unconfirmed.is_none()
+                }) =>
+            {
+                Err(ApiError::Refused(format!(
+                    "may not take IPClaim {name} over without setting status.unconfirmed"
+                )))
             }
             Some(_) => {
                 let mut stored = obj.clone();

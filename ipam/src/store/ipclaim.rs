@@ -430,12 +430,28 @@ impl<'a> KubeStore<'a> {
                 // once it has taken it over (the node-scope admission
                 // policy, examples/node-scope-policy.yaml): a reclaim from
                 // a dead holder elsewhere is an update, then the delete.
+                // The takeover carries the grant's unconfirmed mark, as
+                // every takeover must under that policy.
                 let adopter = after.as_ref().and_then(|a| a.holder.as_ref());
                 if let (Some(theirs), Some(mine)) = (before.holder.as_ref(), adopter) {
                     if theirs.node != mine.node && !self.orphans.contains_key(&before.ip) {
                         let rv = self.version_of(before.ip)?;
+                        let unconfirmed = after
+                            .as_ref()
+                            .and_then(|a| a.unconfirmed.clone())
+                            .or_else(|| before.unconfirmed.clone())
+                            .or_else(|| {
+                                Some(Unconfirmed {
+                                    since: now_secs(),
+                                    why: format!(
+                                        "{} was taken over to be reclaimed",
+                                        theirs.describe()
+                                    ),
+                                })
+                            });
                         let taken = Claim {
                             holder: Some(mine.clone()),
+                            unconfirmed,
                             ..before.clone()
                         };
                         let obj = self
