@@ -7,8 +7,9 @@ command -v go >/dev/null || need+=(golang-go)
 command -v ip >/dev/null || need+=(iproute2)
 [ -x /usr/bin/time ] || need+=(time)
 command -v ping >/dev/null || need+=(iputils-ping)
-# ARP from the router netns: who answers for an address on the fabric.
+# ARP and NDP from the router netns: who answers for an address on the fabric.
 command -v arping >/dev/null || need+=(iputils-arping)
+command -v ndisc6 >/dev/null || need+=(ndisc6)
 command -v gobgpd >/dev/null || need+=(gobgpd)
 command -v bird >/dev/null || need+=(bird2)
 # A real container runtime for the import tests (which sandboxes exist is
