@@ -60,6 +60,28 @@ pub fn is_attachment_scoped(key: &str) -> bool {
     key.starts_with(DYNAMIC_PREFIX)
 }
 
+/// The `args.cni` keys sticky-ipam reads.
+pub const ARGS_CNI_KEYS: [&str; 2] = ["identity", "ips"];
+
+/// `args.cni` is shared with every plugin of a chain, so a key that is not
+/// ours is theirs; but one a typo away from ours (`identiy`) would cost the
+/// pod its sticky identity without a word: refused, naming the key meant.
+/// Keys shorter than 4 characters are left alone (`ip` is another
+/// plugin's, not a typo of `ips`).
+pub fn refuse_misspelt_args_cni(args_cni: &Map<String, Value>) -> CniResult<()> {
+    for key in args_cni.keys().filter(|k| k.chars().count() >= 4) {
+        if let Some(meant) = cni::keys::closest(key, &ARGS_CNI_KEYS).filter(|m| m != key) {
+            return Err(CniError::new(
+                cni::code::UNSUPPORTED_FIELD,
+                format!(
+                    "args.cni key {key:?} is not one sticky-ipam reads: did you mean {meant:?}? (the pod's \"cni-args\" in its network selection; as written, the pod would not get what {meant:?} asks for)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub fn resolve(
     conf: &IpamConfig,
     args_cni: &Map<String, Value>,
@@ -68,6 +90,7 @@ pub fn resolve(
     ifname: &str,
     pod: Option<&PodFacts>,
 ) -> CniResult<Identity> {
+    refuse_misspelt_args_cni(args_cni)?;
     match args_cni.get("identity") {
         None | Some(Value::Null) => {}
         Some(Value::String(id)) => {
@@ -181,6 +204,35 @@ pub fn resolve(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_misspelt_args_cni_key_is_refused_naming_the_key_meant() {
+        // (args.cni, refused with this key meant)
+        let cases: Vec<(serde_json::Value, Option<&str>)> = vec![
+            (serde_json::json!({"identiy": "peer-a"}), Some("identity")),
+            (serde_json::json!({"Identity": "peer-a"}), Some("identity")),
+            (serde_json::json!({"idnetity": "peer-a"}), Some("identity")),
+            (serde_json::json!({"ipss": ["10.0.0.5"]}), Some("ips")),
+            // Ours, another plugin's, or too short to call a typo.
+            (serde_json::json!({"identity": "peer-a", "ips": []}), None),
+            (
+                serde_json::json!({"ip": "10.0.0.5", "mac": "x", "vlan": 5}),
+                None,
+            ),
+            (serde_json::json!({"bandwidth": {}}), None),
+        ];
+        for (args, meant) in cases {
+            let got = refuse_misspelt_args_cni(args.as_object().unwrap());
+            match meant {
+                None => assert!(got.is_ok(), "{args}: {got:?}"),
+                Some(k) => {
+                    let e = got.unwrap_err();
+                    assert_eq!(e.code, cni::code::UNSUPPORTED_FIELD);
+                    assert!(e.msg.contains(&format!("did you mean {k:?}")), "{}", e.msg);
+                }
+            }
+        }
+    }
     use super::*;
     use serde_json::json;
 
