@@ -1300,8 +1300,9 @@ fn chaos_summary(seed: u64, f: &ChaosFigures) -> String {
 
 #[test]
 fn a_seeded_chaos_run_never_puts_one_address_on_two_pods() {
-    // The suite's short run; scripts/soak.sh runs a long one with
-    // STICKY_CHAOS_SEED and STICKY_CHAOS_FAULTS.
+    // The suite's short run: seed 2's first six faults are one of each
+    // kind. scripts/soak.sh runs a long one with STICKY_CHAOS_SEED and
+    // STICKY_CHAOS_FAULTS.
     let Some(c) = cluster("a_seeded_chaos_run_never_puts_one_address_on_two_pods") else {
         return;
     };
@@ -1312,7 +1313,7 @@ fn a_seeded_chaos_run_never_puts_one_address_on_two_pods() {
             .unwrap_or(d)
     };
     let (seed, faults) = (
-        env("STICKY_CHAOS_SEED", 26),
+        env("STICKY_CHAOS_SEED", 2),
         env("STICKY_CHAOS_FAULTS", 6) as u32,
     );
     let figures = chaos(&c, seed, faults);
