@@ -1320,6 +1320,90 @@ fn a_seeded_chaos_run_never_puts_one_address_on_two_pods() {
     eprintln!("{}", chaos_summary(seed, &figures));
 }
 
+/// The operator CLI run on the host (not a node), with the admin
+/// kubeconfig: what `kubectl sticky` on a workstation does.
+fn host_cli(c: &LocalCluster, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(sticky_e2e::our_plugin())
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(c.admin_kubeconfig())
+        .env_remove("CNI_COMMAND")
+        .output()
+        .expect("run the operator CLI");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
+}
+
+#[test]
+fn node_evidence_for_node_is_used_only_on_that_node_not_from_a_workstation() {
+    // Issue 26 item 2: `--node node2` run from the host paired node2 with
+    // the host's boot id and /var/run/netns, so node2's Running pod was
+    // "dead" (its netns is not on the host), and release freed its claim.
+    let Some(c) =
+        cluster("node_evidence_for_node_is_used_only_on_that_node_not_from_a_workstation")
+    else {
+        return;
+    };
+    let (ns, _claims) = setup_statefulset(&c, "evid", 1);
+    let ns = ns.name.clone();
+    let node = c.wait_running(&ns, "db-0", &[], MINUTE);
+    let held = c.pod_addrs(&ns, "db-0", "net1");
+    let v4 = held.iter().find(|a| a.is_ipv4()).expect("an IPv4 address");
+    let (ok, said) = host_cli(
+        &c,
+        &[
+            "claims",
+            "--network",
+            "fabric-db",
+            "--node",
+            &node,
+            "--json",
+        ],
+    );
+    assert!(ok, "claims: {said}");
+    let line = said
+        .lines()
+        .find(|l| l.contains(&format!("\"{v4}\"")) || l.contains(&v4.to_string()))
+        .unwrap_or_default();
+    assert!(
+        !said.contains("\"dead\""),
+        "db-0 is Running, not dead: {line} in {said}"
+    );
+    let says_api_only = said.contains("the kubernetes API only");
+    let (ok, said) = host_cli(
+        &c,
+        &[
+            "release",
+            "--network",
+            "fabric-db",
+            "--ip",
+            &v4.to_string(),
+            "--node",
+            &node,
+        ],
+    );
+    assert!(
+        !ok,
+        "release of a Running pod's address from the host must be refused: {said}"
+    );
+    assert!(said.contains("considered alive"), "{said}");
+    let claim = c
+        .bound_claims("fabric-db")
+        .into_iter()
+        .find(|k| k.ip == *v4)
+        .unwrap_or_else(|| panic!("the claim of {v4} is still Bound"));
+    assert_eq!(claim.pod, format!("{ns}/db-0"));
+    assert!(
+        says_api_only,
+        "the CLI says its verdicts came from the API alone: {said}"
+    );
+    eprintln!("--node {node} from the host: verdicts from the API alone, release of {v4} refused");
+}
+
 #[test]
 fn a_verb_missing_from_the_clusterrole_is_refused_by_the_real_authorizer() {
     let Some(c) = cluster("a_verb_missing_from_the_clusterrole_is_refused_by_the_real_authorizer")
