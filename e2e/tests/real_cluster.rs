@@ -3290,10 +3290,13 @@ spec:
 }
 
 /// The IPs of network `migr`'s IPClaims.
+/// The addresses of network migr whose claims are Bound to a holder
+/// (reconcile's release of a pod whose DEL went to the old IPAM is a
+/// judgement, so that claim stays as Released, to be probed, I7).
 fn migr_claim_ips(c: &LocalCluster) -> BTreeSet<String> {
     c.ipclaims()
         .into_iter()
-        .filter(|k| k["spec"]["network"] == "migr")
+        .filter(|k| k["spec"]["network"] == "migr" && k["status"]["phase"] == "Bound")
         .filter_map(|k| k["spec"]["ip"].as_str().map(str::to_string))
         .collect()
 }
@@ -3425,10 +3428,22 @@ fn switch_to_us(
             if !ips.contains(&gone_ip) && ips.contains(&kept_ip) {
                 Ok(())
             } else {
-                Err(format!("claims of migr: {ips:?}"))
+                Err(format!("Bound claims of migr: {ips:?}"))
             }
         },
     );
+    let freed = c
+        .ipclaims()
+        .into_iter()
+        .find(|k| k["spec"]["network"] == "migr" && k["spec"]["ip"] == gone_ip.as_str())
+        .map(|k| k["status"].clone());
+    if let Some(status) = freed {
+        assert_eq!(status["phase"], "Released", "{status}");
+        assert!(
+            !status["unconfirmed"].is_null(),
+            "marked for the wire: {status}"
+        );
+    }
     (new, kept_ip)
 }
 
