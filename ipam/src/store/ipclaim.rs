@@ -20,7 +20,9 @@
 //! once the API server made or changed it longer ago than any ADD can take
 //! (`sweep_orphan_locks`, deleting at the resourceVersion it listed). A
 //! claim create that loses keeps its lock only if the identity's winning
-//! claim names the same address (it adopted the lock).
+//! claim names the same address (it adopted the lock). An address that
+//! goes to another identity is never unlocked in between: its lock is
+//! re-keyed in place (`KubeStore::rekey`).
 //!
 //! The node-local record (a `FileStore`, kept for degraded mode) doubles as
 //! a cache of the objects' resourceVersions and lock UIDs (`api/<ip>` next
