@@ -1585,6 +1585,9 @@ mod tests {
         let ip = tombstone_on_the_only_address(&api, &n3);
         running(&api, "new1", "n1");
         running(&api, "new2", "n2");
+        // n1 answers to the node-scope policy: n3's lock is re-keyed
+        // naming n1.
+        *api.node_scope.borrow_mut() = Some("n1".into());
         let stolen: Stolen = Default::default();
         after_lock_write(
             &api,
@@ -1657,6 +1660,8 @@ mod tests {
             .unwrap()
         };
         assert!(probed(&g1[0], &r1));
+        // n1 answers to the node-scope policy: its re-key back names itself.
+        *api.node_scope.borrow_mut() = Some("n1".into());
         let stolen: Stolen = Default::default();
         after_lock_write(
             &api,
