@@ -1772,8 +1772,10 @@ fn the_node_scope_policy_refuses_walk_arounds_in_sequences_and_allows_the_plugin
         }),
     );
     // The exhaustion reclaim of a dead holder's address on node2: claim
-    // taken over (marked) and deleted, the lock's delete refused, taken
-    // over and deleted, then a lock and a claim (marked) of its own.
+    // taken over (marked), its lock re-keyed in place to the new identity
+    // naming node1 (never deleted, so no other node's next-fit can lock
+    // the address in between), the claim deleted, a claim (marked) of its
+    // own.
     let d = theirs("d", "10.9.0.15");
     let d = allowed(
         "reclaim: node1 taking the dead holder's claim over, marked",
@@ -1786,6 +1788,53 @@ fn the_node_scope_policy_refuses_walk_arounds_in_sequences_and_allows_the_plugin
         .as_str()
         .expect("rv")
         .to_string();
+    refused(
+        "reclaim: node1 deleting node2's lock outright",
+        as_node(me, "DELETE", &format!("{LOCKS}/lock-d?dryRun=All"), None),
+        "may not delete IPLock",
+    );
+    let (_, lock) = api.request("GET", &format!("{LOCKS}/lock-d"), None);
+    refused(
+        "node1 re-keying node2's lock to another identity, still naming node2",
+        put_dry(me, &lock, &|o| o["spec"]["identity"] = json!("d-new")),
+        "may not name node",
+    );
+    refused(
+        "node1 re-keying node2's lock to another identity, naming node3",
+        put_dry(me, &lock, &|o| {
+            o["spec"]["identity"] = json!("d-new");
+            o["spec"]["node"] = json!(third);
+        }),
+        "may not name node",
+    );
+    refused(
+        "node1 moving a lock it names itself on to another address",
+        put_dry(me, &lock, &|o| {
+            o["spec"]["node"] = json!("node1");
+            o["spec"]["ip"] = json!("10.9.0.99");
+        }),
+        "may not change its spec.network or spec.ip",
+    );
+    refused(
+        "node1 moving a lock it names itself on to another network",
+        put_dry(me, &lock, &|o| {
+            o["spec"]["node"] = json!("node1");
+            o["spec"]["network"] = json!("othernet");
+        }),
+        "may not change its spec.network or spec.ip",
+    );
+    let rekeyed = allowed(
+        "reclaim: node1 re-keying node2's lock to the new identity, naming itself",
+        put(me, &lock, &|o| {
+            o["spec"]["identity"] = json!("d-new");
+            o["spec"]["node"] = json!("node1");
+        }),
+    );
+    assert_eq!(rekeyed["spec"]["identity"], json!("d-new"), "{rekeyed}");
+    assert_eq!(
+        rekeyed["metadata"]["uid"], lock["metadata"]["uid"],
+        "the same lock, never deleted: {rekeyed}"
+    );
     allowed(
         "reclaim: node1 deleting the claim it took over",
         as_node(
@@ -1795,29 +1844,6 @@ fn the_node_scope_policy_refuses_walk_arounds_in_sequences_and_allows_the_plugin
             Some(&json!({"preconditions": {"resourceVersion": rv}})),
         ),
     );
-    refused(
-        "reclaim: node1 deleting node2's lock outright",
-        as_node(me, "DELETE", &format!("{LOCKS}/lock-d?dryRun=All"), None),
-        "may not delete IPLock",
-    );
-    let (_, lock) = api.request("GET", &format!("{LOCKS}/lock-d"), None);
-    allowed(
-        "reclaim: node1 taking node2's lock over",
-        put(me, &lock, &|o| o["spec"]["node"] = json!("node1")),
-    );
-    allowed(
-        "reclaim: node1 deleting the lock it took over",
-        as_node(me, "DELETE", &format!("{LOCKS}/lock-d"), None),
-    );
-    allowed(
-        "reclaim: node1 locking the address for its identity",
-        as_node(
-            me,
-            "POST",
-            LOCKS,
-            Some(&lock_json("lock-d", "10.9.0.15", "d-new", me)),
-        ),
-    );
     allowed(
         "reclaim: node1 claiming it, marked",
         as_node(
@@ -1825,6 +1851,26 @@ fn the_node_scope_policy_refuses_walk_arounds_in_sequences_and_allows_the_plugin
             "POST",
             CLAIMS,
             Some(&claim_json("d-new", "10.9.0.15", "d-new", Some(me), true)),
+        ),
+    );
+    // The undo of a reclaim whose probe was answered: the lock re-keyed
+    // back to the old identity (node1 naming itself), node1's claim
+    // deleted, the tombstone (no holder, marked) created again.
+    allowed(
+        "undo: node1 re-keying the lock back to the old identity",
+        put(me, &rekeyed, &|o| o["spec"]["identity"] = json!("d")),
+    );
+    allowed(
+        "undo: node1 deleting its claim",
+        as_node(me, "DELETE", &format!("{CLAIMS}/d-new"), None),
+    );
+    allowed(
+        "undo: node1 putting the tombstone back, marked",
+        as_node(
+            me,
+            "POST",
+            CLAIMS,
+            Some(&claim_json("d", "10.9.0.15", "d", None, true)),
         ),
     );
     // Adoption of a lock node2's crashed ADD left with no claim.
@@ -1870,7 +1916,9 @@ fn the_node_scope_policy_refuses_walk_arounds_in_sequences_and_allows_the_plugin
 
     // Open (README, "Node scope"): CEL sees one object, so a node may take
     // any lock over and delete it while another node's live claim still
-    // names its address: the reclaim's own two writes. Shown, as a dry run.
+    // names its address: the plugin's own two writes when it deletes a
+    // lock another node made (a release after a takeover). Shown, as a
+    // dry run.
     let (_, lock) = api.request("GET", &format!("{LOCKS}/lock-f"), None);
     let taken = allowed(
         "open: node1 taking the lock of node2's live claim over",

@@ -34,7 +34,8 @@ pub const EVENT_COMPONENT: &str = "sticky-macvlan";
 
 use super::crd::{from_lock, from_object, to_lock, to_object, IPClaim, IPLock};
 use super::{
-    ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi, LockObject, OUT_OF_SERVICE_TAINT,
+    lock_name, ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi, LockObject,
+    OUT_OF_SERVICE_TAINT,
 };
 use crate::events::PodEvent;
 use crate::pod::{stable_owner_kind, PodFacts, StableOwner, IDENTITY_ANNOTATION};
@@ -622,6 +623,46 @@ impl KubeApi for KubeClient {
         if let Some(node) = node {
             o.spec.node = Some(node.to_string());
         }
+        let replaced = self.run(&what, api.replace(&name, &PostParams::default(), &o))?;
+        from_lock(&replaced).map_err(ApiError::Refused)
+    }
+
+    fn rekey_lock(
+        &self,
+        lock: &LockObject,
+        identity: &str,
+        node: Option<&str>,
+    ) -> ApiResult<LockObject> {
+        let api = self.locks();
+        let name = lock_name(&lock.network, lock.ip);
+        let what = format!("re-key iplock {name} to identity {identity:?}");
+        let Some(uid) = lock.uid.as_deref() else {
+            return Err(ApiError::Conflict(format!("{what}: no UID was read")));
+        };
+        // The resourceVersion read is the precondition; without one, the
+        // GET's (at the same UID).
+        let mut read = match lock.resource_version {
+            Some(_) => lock.clone(),
+            None => {
+                let Some(o) = self.get_opt(&what, api.get(&name))? else {
+                    return Err(ApiError::Conflict(format!("{what}: it is gone")));
+                };
+                from_lock(&o).map_err(ApiError::Refused)?
+            }
+        };
+        if read.uid.as_deref() != Some(uid) || read.identity != lock.identity {
+            return Err(ApiError::Conflict(format!(
+                "{what}: it is another lock now, or another identity's"
+            )));
+        }
+        read.identity = identity.to_string();
+        if let Some(node) = node {
+            read.node = Some(node.to_string());
+        }
+        let mut o = to_lock(&read);
+        // The server keeps its creationTimestamp and managed fields, and
+        // stamps this write's time on the latter (the lock is young again).
+        o.metadata.creation_timestamp = None;
         let replaced = self.run(&what, api.replace(&name, &PostParams::default(), &o))?;
         from_lock(&replaced).map_err(ApiError::Refused)
     }

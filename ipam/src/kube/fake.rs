@@ -211,6 +211,51 @@ impl KubeApi for FakeApi {
         }
     }
 
+    fn rekey_lock(
+        &self,
+        lock: &LockObject,
+        identity: &str,
+        node: Option<&str>,
+    ) -> ApiResult<LockObject> {
+        let name = super::lock_name(&lock.network, lock.ip);
+        self.record(format!("rekey lock {name}"))?;
+        self.injected()?;
+        let scope = self.node_scope.borrow().clone();
+        let (rv, now) = (self.next_rv(), self.now());
+        let mut locks = self.locks.borrow_mut();
+        match locks.get_mut(&name) {
+            None => Err(ApiError::Conflict(format!("{name} not found"))),
+            Some(cur)
+                if lock.uid.is_none() || cur.uid != lock.uid || cur.identity != lock.identity =>
+            {
+                Err(ApiError::Conflict(format!(
+                    "{name} is another lock, or another identity's"
+                )))
+            }
+            Some(cur)
+                if lock.resource_version.is_some()
+                    && cur.resource_version != lock.resource_version =>
+            {
+                Err(ApiError::Conflict(format!("{name} was modified")))
+            }
+            Some(cur) => {
+                let named = node.map(str::to_string).or_else(|| cur.node.clone());
+                // The policy: an identity change only by a node naming
+                // itself the lock's node.
+                if scope.is_some() && named != scope {
+                    return Err(ApiError::Refused(format!(
+                        "node {scope:?} may not give IPLock {name} to another identity naming node {named:?}"
+                    )));
+                }
+                cur.identity = identity.to_string();
+                cur.node = named;
+                cur.resource_version = Some(rv);
+                cur.written = Some(now);
+                Ok(cur.clone())
+            }
+        }
+    }
+
     fn adopt_lock(&self, lock: &LockObject, node: Option<&str>) -> ApiResult<LockObject> {
         let name = super::lock_name(&lock.network, lock.ip);
         self.record(format!("adopt lock {name}"))?;

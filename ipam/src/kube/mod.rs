@@ -72,7 +72,9 @@ pub struct ClaimObject {
 /// An `IPLock`: one object per (network, IP), named by `lock_name`. Its
 /// create-if-absent is what makes an address one identity's (I1). It is
 /// created before the claim that names its address and deleted after it;
-/// its address and identity never change. Its node changes when a node
+/// its address never changes, and its identity only by a re-key
+/// (`KubeApi::rekey_lock`) when the address goes to another identity, so
+/// the address is never unlocked while it changes hands. Its node changes when a node
 /// takes another node's lock over to delete it (I14), and an ADD that
 /// adopts it (its identity's, no claim names it) writes it before its
 /// claim, so the orphan sweep, which deletes at the resourceVersion it
@@ -165,6 +167,18 @@ pub trait KubeApi {
     /// PUT at `lock.resource_version` that counts the adoption and names
     /// NODE (when given) its node. A conflict when it changed since.
     fn adopt_lock(&self, lock: &LockObject, node: Option<&str>) -> ApiResult<LockObject>;
+    /// Gives the address to another identity without ever unlocking it:
+    /// one PUT of the lock with `lock.uid`, at `lock.resource_version`
+    /// (when None, at the version a GET reads), naming IDENTITY and NODE
+    /// (when given) its node. A conflict when it is gone, another lock,
+    /// or changed since. The node-scope policy allows it only to a node
+    /// naming itself.
+    fn rekey_lock(
+        &self,
+        lock: &LockObject,
+        identity: &str,
+        node: Option<&str>,
+    ) -> ApiResult<LockObject>;
     /// Names NODE the lock's node (the lock with this UID, and at
     /// `resource_version` when given, else a conflict), so that node may
     /// delete it under the node-scope policy. Returns the lock's new

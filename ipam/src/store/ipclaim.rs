@@ -20,7 +20,9 @@
 //! once the API server made or changed it longer ago than any ADD can take
 //! (`sweep_orphan_locks`, deleting at the resourceVersion it listed). A
 //! claim create that loses keeps its lock only if the identity's winning
-//! claim names the same address (it adopted the lock).
+//! claim names the same address (it adopted the lock). An address that
+//! goes to another identity is never unlocked in between: its lock is
+//! re-keyed in place (`KubeStore::rekey`).
 //!
 //! The node-local record (a `FileStore`, kept for degraded mode) doubles as
 //! a cache of the objects' resourceVersions and lock UIDs (`api/<ip>` next
@@ -76,6 +78,9 @@ pub struct KubeStore<'a> {
     versions: BTreeMap<IpAddr, String>,
     /// UID of the lock on each address, as last read or written.
     lock_uids: BTreeMap<IpAddr, String>,
+    /// The lock on each address as last read or written (its
+    /// resourceVersion is a re-key's precondition).
+    locks_read: BTreeMap<IpAddr, LockObject>,
     /// Locks no claim names, by address.
     orphans: BTreeMap<IpAddr, LockObject>,
     /// Claims answered from the node-local cache, not the API.
@@ -149,6 +154,7 @@ impl<'a> KubeStore<'a> {
             families,
             versions: BTreeMap::new(),
             lock_uids: BTreeMap::new(),
+            locks_read: BTreeMap::new(),
             orphans: BTreeMap::new(),
             from_cache: BTreeSet::new(),
             trust_cache: true,
@@ -293,9 +299,10 @@ impl<'a> KubeStore<'a> {
                     StoreError::from(e)
                 })?,
         };
-        if let Some(uid) = lock.uid {
-            self.lock_uids.insert(ip, uid);
+        if let Some(uid) = &lock.uid {
+            self.lock_uids.insert(ip, uid.clone());
         }
+        self.locks_read.insert(ip, lock);
         let adopted = self.orphans.remove(&ip).is_some();
         match self.api.create_claim(&self.object(after, None)) {
             Ok(obj) => {
@@ -333,6 +340,7 @@ impl<'a> KubeStore<'a> {
     /// the takeover cost its requests.
     fn unlock(&mut self, ip: IpAddr, identity: &str, node: Option<&str>) {
         let name = lock_name(&self.network, ip);
+        self.locks_read.remove(&ip);
         let uid = match self.lock_uids.remove(&ip) {
             Some(uid) => Some(uid),
             None => match self.api.get_lock(&name) {
@@ -388,6 +396,96 @@ impl<'a> KubeStore<'a> {
         deleted.map_err(StoreError::from)?;
         self.orphans.remove(&lock.ip);
         self.lock_uids.remove(&lock.ip);
+        self.locks_read.remove(&lock.ip);
+        Ok(())
+    }
+
+    /// Gives BEFORE's address to AFTER's identity without ever unlocking
+    /// it (I1): another node's next-fit must never find the address free
+    /// while it changes hands, since it was freed on a judgement (or a
+    /// probe just heard it answer) and must be probed before anyone binds
+    /// it. One conditional PUT re-keys the lock (at the UID and
+    /// resourceVersion read) to AFTER's identity and NODE, then BEFORE's
+    /// claim is deleted at its resourceVersion (an orphan lock has none),
+    /// then AFTER's claim is created. Every failure leaves the address
+    /// locked:
+    /// - the re-key fails: nothing changed;
+    /// - the claim delete fails (BEFORE's claim changed, or no answer):
+    ///   the lock is re-keyed back, best effort; if that fails too, the
+    ///   address stays locked for AFTER's identity with BEFORE's claim
+    ///   naming it (shown as damaged, which next-fit skips);
+    /// - the claim create fails: the lock stays, an orphan of AFTER's
+    ///   identity, young (a reservation), then old (a marked tombstone an
+    ///   exhausted pool reclaims with a probe, see `orphan_claim`).
+    ///
+    /// The error is returned and the plan made again.
+    fn rekey(&mut self, before: &Claim, after: &Claim, node: Option<&str>) -> StoreResult<()> {
+        let ip = before.ip;
+        let orphan = self.orphans.get(&ip).cloned();
+        let rv = match orphan {
+            Some(_) => None,
+            None => Some(self.version_of(ip)?),
+        };
+        let read = orphan
+            .or_else(|| self.locks_read.get(&ip).cloned())
+            .or_else(|| {
+                // Only its UID is known (the node-local cache): the client
+                // reads the version to write at.
+                self.lock_uids.get(&ip).map(|uid| LockObject {
+                    network: self.network.clone(),
+                    ip,
+                    identity: before.identity.clone(),
+                    created: before.created,
+                    uid: Some(uid.clone()),
+                    node: None,
+                    resource_version: None,
+                    adoptions: 0,
+                    written: None,
+                })
+            })
+            .filter(|l| l.identity == before.identity && l.ip == ip)
+            .ok_or_else(|| {
+                StoreError::Conflict(format!(
+                    "no lock of identity {:?} read on {ip}: planning again",
+                    before.identity
+                ))
+            })?;
+        let rekeyed = self
+            .api
+            .rekey_lock(&read, &after.identity, node)
+            .map_err(StoreError::from)?;
+        self.orphans.remove(&ip);
+        if let Some(uid) = &rekeyed.uid {
+            self.lock_uids.insert(ip, uid.clone());
+        }
+        self.locks_read.insert(ip, rekeyed.clone());
+        if let Some(rv) = rv {
+            let name = claim_name(&self.network, &before.identity, Family::of(ip));
+            if let Err(e) = self.api.delete_claim(&name, &rv) {
+                match self.api.rekey_lock(&rekeyed, &before.identity, node) {
+                    Ok(back) => {
+                        self.locks_read.insert(ip, back);
+                    }
+                    Err(back) => {
+                        self.locks_read.remove(&ip);
+                        cni::log::warn(&format!(
+                            "could not give iplock {} back to identity {:?} after ipclaim {name} could not be deleted ({e}): {back}; the address stays locked for identity {:?}",
+                            lock_name(&self.network, ip),
+                            before.identity,
+                            after.identity
+                        ));
+                    }
+                }
+                return Err(e.into());
+            }
+            self.versions.remove(&ip);
+        }
+        // A failed create leaves the lock: never unlocked in between.
+        let obj = self
+            .api
+            .create_claim(&self.object(after, None))
+            .map_err(StoreError::from)?;
+        self.remember(obj);
         Ok(())
     }
 
@@ -462,7 +560,11 @@ impl<'a> KubeStore<'a> {
                     }
                 }
                 let writer = after.as_ref().and_then(Claim::holder_node);
-                self.remove(before, writer.or(before.holder_node()))?;
+                let node = writer.or(before.holder_node());
+                if let Some(after) = after.as_ref().filter(|a| a.ip == before.ip) {
+                    return self.rekey(before, after, node);
+                }
+                self.remove(before, node)?;
                 match after {
                     Some(after) => self.create(after),
                     None => Ok(()),
@@ -687,6 +789,7 @@ impl ClaimStore for KubeStore<'_> {
         if let Some(uid) = &lock.uid {
             self.lock_uids.insert(ip, uid.clone());
         }
+        self.locks_read.insert(ip, lock.clone());
         match self.fetch(&lock.identity, Family::of(ip))? {
             Some(c) if c.ip == ip => Ok(Some(c)),
             _ => {
@@ -819,6 +922,7 @@ impl ClaimStore for KubeStore<'_> {
             if let Some(uid) = &lock.uid {
                 self.lock_uids.insert(lock.ip, uid.clone());
             }
+            self.locks_read.insert(lock.ip, (*lock).clone());
             if !claims
                 .iter()
                 .any(|c| c.ip == lock.ip && c.identity == lock.identity)
@@ -873,6 +977,7 @@ impl ClaimStore for KubeStore<'_> {
     fn conflicted(&mut self) -> StoreResult<()> {
         self.versions.clear();
         self.lock_uids.clear();
+        self.locks_read.clear();
         self.orphans.clear();
         self.from_cache.clear();
         self.trust_cache = false;
@@ -1124,9 +1229,9 @@ mod tests {
             ),
             "{writes:?}"
         );
-        // So is its lock: after the create that found it taken (which
-        // started the reclaim), the refused delete, the takeover, the
-        // delete.
+        // Its lock is never deleted: after the create that found it taken
+        // (which started the reclaim), one re-key gives it to the new
+        // identity, naming n1, before the old claim's delete.
         let lock = lock_name("macnet", ip);
         let lock_writes: Vec<&str> = writes
             .iter()
@@ -1135,13 +1240,14 @@ mod tests {
             .collect();
         assert_eq!(
             lock_writes,
-            [
-                format!("create lock {lock}"),
-                format!("delete lock {lock}"),
-                format!("take lock {lock}"),
-                format!("delete lock {lock}"),
-                format!("create lock {lock}")
-            ],
+            [format!("create lock {lock}"), format!("rekey lock {lock}")],
+            "{writes:?}"
+        );
+        assert!(
+            writes
+                .iter()
+                .position(|w| *w == format!("rekey lock {lock}"))
+                < at(&format!("delete macnet.{old}")),
             "{writes:?}"
         );
         let stored = api.claims.borrow();
@@ -1335,10 +1441,10 @@ mod tests {
     fn a_reclaim_of_an_orphan_lock_an_add_adopts_meanwhile_plans_again() {
         let (api, n1, n2) = (FakeApi::default(), Node::new(), Node::new());
         let crashed = full_but_an_orphan(&api, &n2, ORPHAN_LOCK_GRACE_SECS + 60);
-        // Between the reclaim's listing and its delete, the crashed ADD's
+        // Between the reclaim's listing and its re-key, the crashed ADD's
         // retry adopts the lock (and is about to write its claim).
         *api.before.borrow_mut() = Some((
-            "delete lock".into(),
+            "rekey lock".into(),
             Box::new(|api: &FakeApi| {
                 let name = lock_name("macnet", "10.0.0.19".parse().unwrap());
                 let lock = api.locks.borrow()[&name].clone();
@@ -1382,6 +1488,293 @@ mod tests {
         assert_eq!(calls.len(), 4, "{calls:?}");
         let held = api.claims.borrow().values().next().unwrap().claim.clone();
         assert!(held.unconfirmed.is_none() && held.held_by(&r.holder.container_id, "net1"));
+    }
+
+    // ---- an address changing identity on the kubernetes store ----
+
+    /// A one-address network.
+    fn one_conf() -> IpamConfig {
+        IpamConfig::parse(
+            "macnet",
+            &json!({"subnet": "10.0.0.0/24", "rangeStart": "10.0.0.10", "rangeEnd": "10.0.0.10"}),
+        )
+        .unwrap()
+    }
+
+    /// ADD on the one-address network, with its retries.
+    fn grants_one(
+        api: &FakeApi,
+        dir: &std::path::Path,
+        r: &AddRequest,
+    ) -> crate::store::PlanResult<Vec<crate::engine::Grant>> {
+        let mut store = store_in(dir, api);
+        let inspector = KubeInspector::new(api, node(&r.holder.node));
+        crate::store::retry::with_retries(&mut store, "ADD", |s| {
+            plan_add(&one_conf(), s, &inspector, r)
+        })
+        .map(|(_, g)| g)
+    }
+
+    /// Runs RACE just before the first request that follows a write of
+    /// the existing lock LOCK (a delete, a re-key, a takeover; not a
+    /// create, which a collision makes before any reclaim): another
+    /// client's requests landing between two of the caller's.
+    fn after_lock_write(api: &FakeApi, lock: String, race: crate::kube::fake::Race) {
+        *api.before.borrow_mut() = Some((
+            String::new(),
+            Box::new(move |api: &FakeApi| {
+                let last = api.calls.borrow().last().cloned().unwrap_or_default();
+                let wrote = ["delete", "rekey", "adopt", "take"]
+                    .iter()
+                    .any(|verb| last == format!("{verb} lock {lock}"));
+                if wrote {
+                    race(api)
+                } else {
+                    after_lock_write(api, lock, race)
+                }
+            }),
+        ));
+    }
+
+    /// web-0 on n3 had the one address; reconcile judged it dead and left
+    /// a tombstone. Returns the address.
+    fn tombstone_on_the_only_address(api: &FakeApi, n3: &Node) -> IpAddr {
+        running(api, "web-0", "n3");
+        let k0 = dynamic_key("c-web-0", "net1");
+        let first = grants_one(api, &n3.dir, &req(&k0, false, "web-0", "n3")).unwrap();
+        api.pods.borrow_mut().remove("ns/web-0");
+        assert_eq!(reconcile(api), 1);
+        let ip = first[0].ip;
+        let lock = &api.locks.borrow()[&lock_name("macnet", ip)];
+        assert_eq!(lock.identity, k0, "the tombstone keeps its lock");
+        ip
+    }
+
+    /// The ADD another node (n2) makes in the middle of n1's writes: it
+    /// must not get the address unprobed. Returns whether it ran.
+    type Stolen = std::rc::Rc<
+        std::cell::RefCell<Option<crate::store::PlanResult<Vec<crate::engine::Grant>>>>,
+    >;
+
+    fn n2s_add(n2dir: PathBuf, out: Stolen) -> crate::kube::fake::Race {
+        Box::new(move |api: &FakeApi| {
+            let r2 = req(&dynamic_key("c-new2", "net1"), false, "new2", "n2");
+            *out.borrow_mut() = Some(grants_one(api, &n2dir, &r2));
+        })
+    }
+
+    fn never_unprobed(stolen: &Stolen, ip: IpAddr) {
+        let r2 = req(&dynamic_key("c-new2", "net1"), false, "new2", "n2");
+        match stolen.borrow().as_ref().expect("n2's ADD ran") {
+            Ok(g2) => {
+                assert_eq!(g2[0].ip, ip);
+                assert!(probed(&g2[0], &r2), "{ip} went to n2 unprobed: {g2:?}");
+            }
+            Err(e) => eprintln!("n2's ADD, in the middle: {e:?}"),
+        }
+    }
+
+    /// n1's ADD reclaims the tombstone (exhausted pool: identity changes
+    /// at one IP); n2's next-fit lands right after n1's first write of
+    /// the lock. The address is never unlocked, so n2 finds it taken (or
+    /// gets it probed), never fresh.
+    #[test]
+    fn a_tombstone_reclaim_never_lets_another_nodes_next_fit_take_the_address_fresh() {
+        let api = FakeApi::default();
+        let (n1, n2, n3) = (Node::new(), Node::new(), Node::new());
+        let ip = tombstone_on_the_only_address(&api, &n3);
+        running(&api, "new1", "n1");
+        running(&api, "new2", "n2");
+        // n1 answers to the node-scope policy: n3's lock is re-keyed
+        // naming n1.
+        *api.node_scope.borrow_mut() = Some("n1".into());
+        let stolen: Stolen = Default::default();
+        after_lock_write(
+            &api,
+            lock_name("macnet", ip),
+            n2s_add(n2.dir.clone(), stolen.clone()),
+        );
+        let r1 = req(&dynamic_key("c-new1", "net1"), false, "new1", "n1");
+        let g1 = grants_one(&api, &n1.dir, &r1);
+        never_unprobed(&stolen, ip);
+        let g1 = g1.unwrap();
+        assert_eq!(g1[0].ip, ip);
+        assert!(probed(&g1[0], &r1), "{g1:?}");
+        locks_match(&api);
+    }
+
+    /// The same reclaim with the API gone after n1's first write of the
+    /// lock (and, second case, at the new claim's create): the address
+    /// stays locked; the next ADD elsewhere does not get it unprobed.
+    #[test]
+    fn a_timeout_in_the_middle_of_a_reclaim_leaves_the_address_locked() {
+        for at_create in [false, true] {
+            let api = FakeApi::default();
+            let (n1, n2, n3) = (Node::new(), Node::new(), Node::new());
+            let ip = tombstone_on_the_only_address(&api, &n3);
+            running(&api, "new1", "n1");
+            running(&api, "new2", "n2");
+            let gone: crate::kube::fake::Race = Box::new(|api: &FakeApi| api.unreachable.set(true));
+            if at_create {
+                let name = claim_name("macnet", &dynamic_key("c-new1", "net1"), Family::V4);
+                *api.before.borrow_mut() = Some((format!("create {name}"), gone));
+            } else {
+                after_lock_write(&api, lock_name("macnet", ip), gone);
+            }
+            let r1 = req(&dynamic_key("c-new1", "net1"), false, "new1", "n1");
+            assert!(grants_one(&api, &n1.dir, &r1).is_err());
+            api.unreachable.set(false);
+            assert!(
+                api.locks.borrow().contains_key(&lock_name("macnet", ip)),
+                "at_create {at_create}: {ip} was unlocked"
+            );
+            let r2 = req(&dynamic_key("c-new2", "net1"), false, "new2", "n2");
+            if let Ok(g2) = grants_one(&api, &n2.dir, &r2) {
+                assert_eq!(g2[0].ip, ip);
+                assert!(
+                    probed(&g2[0], &r2),
+                    "at_create {at_create}: {ip} went to n2 unprobed: {g2:?}"
+                );
+            }
+        }
+    }
+
+    /// n1 reclaims the tombstone and its probe hears web-0 answer: the
+    /// undo gives the address back to the tombstone. n2's next-fit lands
+    /// right after the undo's first write of the lock: it must not get
+    /// the address a probe has just heard answer, unprobed.
+    #[test]
+    fn an_undo_after_an_answered_probe_never_hands_the_address_out_fresh() {
+        let api = FakeApi::default();
+        let (n1, n2, n3) = (Node::new(), Node::new(), Node::new());
+        let ip = tombstone_on_the_only_address(&api, &n3);
+        running(&api, "new1", "n1");
+        running(&api, "new2", "n2");
+        let r1 = req(&dynamic_key("c-new1", "net1"), false, "new1", "n1");
+        let (done, g1) = {
+            let mut store = n1.store(&api);
+            let inspector = KubeInspector::new(&api, node("n1"));
+            crate::store::retry::with_retries(&mut store, "ADD", |s| {
+                plan_add(&one_conf(), s, &inspector, &r1)
+            })
+            .unwrap()
+        };
+        assert!(probed(&g1[0], &r1));
+        // n1 answers to the node-scope policy: its re-key back names itself.
+        *api.node_scope.borrow_mut() = Some("n1".into());
+        let stolen: Stolen = Default::default();
+        after_lock_write(
+            &api,
+            lock_name("macnet", ip),
+            n2s_add(n2.dir.clone(), stolen.clone()),
+        );
+        let mut store = n1.store(&api);
+        crate::store::retry::with_retries(&mut store, "undo", |s| {
+            crate::engine::plan_undo(s, &done).map(|p| (p, ()))
+        })
+        .unwrap();
+        never_unprobed(&stolen, ip);
+        // The tombstone is back, marked, and its lock names it.
+        let k0 = dynamic_key("c-web-0", "net1");
+        let back = api.claims.borrow()[&claim_name("macnet", &k0, Family::V4)]
+            .claim
+            .clone();
+        assert!(
+            back.unconfirmed.is_some() && back.holder.is_none(),
+            "{back:?}"
+        );
+        locks_match(&api);
+    }
+
+    /// The reclaim's failure points past its re-key: a claim delete that
+    /// fails gives the lock back to the tombstone (and the plan is made
+    /// again); a claim create that fails leaves the lock to the new
+    /// identity (an orphan: a reservation), never unlocked.
+    #[test]
+    fn a_reclaim_that_fails_after_its_rekey_keeps_the_address_locked() {
+        let api = FakeApi::default();
+        let (n1, n3) = (Node::new(), Node::new());
+        let ip = tombstone_on_the_only_address(&api, &n3);
+        let lock = lock_name("macnet", ip);
+        let k0 = dynamic_key("c-web-0", "net1");
+        running(&api, "new1", "n1");
+        let r1 = req(&dynamic_key("c-new1", "net1"), false, "new1", "n1");
+        // The old claim's delete answers 409 once: the lock goes back to
+        // the tombstone, and the retry reclaims it again.
+        let old = claim_name("macnet", &k0, Family::V4);
+        *api.before.borrow_mut() = Some((
+            format!("delete {old}"),
+            Box::new(|api: &FakeApi| api.inject_conflicts.set(1)),
+        ));
+        let (g1, calls) = counted(&api, || grants_one(&api, &n1.dir, &r1));
+        assert!(probed(&g1.unwrap()[0], &r1));
+        let lock_writes: Vec<&String> = calls
+            .iter()
+            .filter(|c| *c == &format!("rekey lock {lock}") || c.starts_with("delete "))
+            .collect();
+        assert_eq!(
+            lock_writes,
+            [
+                &format!("rekey lock {lock}"),
+                &format!("delete {old}"),
+                &format!("rekey lock {lock}"),
+                &format!("rekey lock {lock}"),
+                &format!("delete {old}"),
+            ],
+            "{calls:?}"
+        );
+        assert!(
+            !calls.iter().any(|c| c.starts_with("delete lock")),
+            "{calls:?}"
+        );
+        locks_match(&api);
+
+        // Undo it, with the tombstone's create refused: the lock stays,
+        // the tombstone's identity's, and n1's claim is gone.
+        let api = FakeApi::default();
+        let (n1, n3) = (Node::new(), Node::new());
+        let ip = tombstone_on_the_only_address(&api, &n3);
+        running(&api, "new1", "n1");
+        let (done, _) = {
+            let mut store = n1.store(&api);
+            let inspector = KubeInspector::new(&api, node("n1"));
+            crate::store::retry::with_retries(&mut store, "ADD", |s| {
+                plan_add(&one_conf(), s, &inspector, &r1)
+            })
+            .unwrap()
+        };
+        *api.before.borrow_mut() = Some((
+            format!("create {old}"),
+            Box::new(|api: &FakeApi| api.unreachable.set(true)),
+        ));
+        let mut store = n1.store(&api);
+        let undone = crate::engine::plan_undo(&mut store, &done)
+            .and_then(|p| store.commit(&p).map_err(crate::store::PlanError::from));
+        api.unreachable.set(false);
+        assert!(undone.is_err());
+        let locks = api.locks.borrow();
+        assert_eq!(locks[&lock_name("macnet", ip)].identity, k0, "{locks:?}");
+        assert!(api.claims.borrow().is_empty());
+    }
+
+    /// Under the node-scope policy a re-key names the node that writes it.
+    #[test]
+    fn a_rekey_naming_another_node_is_refused_under_node_scope() {
+        let api = FakeApi::default();
+        let n3 = Node::new();
+        let ip = tombstone_on_the_only_address(&api, &n3);
+        let read = api.locks.borrow()[&lock_name("macnet", ip)].clone();
+        *api.node_scope.borrow_mut() = Some("n1".into());
+        let e = api.rekey_lock(&read, "other", Some("n2")).unwrap_err();
+        assert!(matches!(e, ApiError::Refused(_)), "{e:?}");
+        let got = api.rekey_lock(&read, "other", Some("n1")).unwrap();
+        assert_eq!(
+            (got.identity.as_str(), got.node.as_deref()),
+            ("other", Some("n1"))
+        );
+        // At the version read, once: the next one conflicts.
+        let e = api.rekey_lock(&read, "third", Some("n1")).unwrap_err();
+        assert!(matches!(e, ApiError::Conflict(_)), "{e:?}");
     }
 
     #[test]
