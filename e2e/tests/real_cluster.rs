@@ -3822,13 +3822,21 @@ fn one_nodes_token_is_refused_when_it_rewrites_another_nodes_live_claim() {
         as_me(&["delete", "--dry-run=server", "iplock", &lock_name], None),
         "may not delete IPLock",
     );
+    // Giving an address to another identity is one conditional update of
+    // its lock (the exhaustion reclaim's re-key): allowed only to a node
+    // that names itself, as a takeover is.
     let mut stolen = their_lock.clone();
     stolen["spec"]["identity"] = serde_json::json!(format!("{ns}/someone-else"));
-    stolen["spec"]["node"] = serde_json::json!(me);
     refused(
-        "giving node2's lock to another identity",
+        "giving node2's lock to another identity while it still names node2",
         as_me(&["replace", "--dry-run=server", "-f", "-"], Some(&stolen)),
-        "may not change its spec.ip or spec.identity",
+        "a node names only itself",
+    );
+    stolen["spec"]["node"] = serde_json::json!(me);
+    let (ok, said) = as_me(&["replace", "--dry-run=server", "-f", "-"], Some(&stolen));
+    assert!(
+        ok,
+        "re-keying node2's lock naming itself (the reclaim's write) is allowed: {said}"
     );
     let mut forged_lock = their_lock.clone();
     let meta = forged_lock["metadata"].as_object_mut().expect("metadata");
