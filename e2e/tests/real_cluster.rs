@@ -40,6 +40,18 @@ fn fabric_db_nad(c: &LocalCluster, ns: &str) -> String {
         )
 }
 
+/// examples/nad-k8s-statefulset.yaml (the IPv4-only, cluster-wide
+/// network "fabric" of the BGP example), in namespace NS, logging to each
+/// node's /var/log/sticky-macvlan.log (`plugin_log`).
+fn fabric_v4_nad(c: &LocalCluster, ns: &str) -> String {
+    c.example("nad-k8s-statefulset.yaml")
+        .replace("namespace: db", &format!("namespace: {ns}"))
+        .replace(
+            "\"master\": \"eth1\",",
+            "\"master\": \"eth1\", \"logFile\": \"/var/log/sticky-macvlan.log\",",
+        )
+}
+
 /// The last lines of the plugin's log on NODE that mention NEEDLE.
 fn plugin_log(c: &LocalCluster, node: &str, needle: &str) -> Vec<String> {
     let file = c.node_disk(node).join("var-log/sticky-macvlan.log");
@@ -744,14 +756,7 @@ fn a_split_brain_stays_refused_while_the_reconcile_deployment_releases_the_claim
         c: &c,
         ns: ns_name.clone(),
     };
-    c.apply(
-        &c.example("nad-k8s-statefulset.yaml")
-            .replace("namespace: db", &format!("namespace: {ns_name}"))
-            .replace(
-                "\"master\": \"eth1\",",
-                "\"master\": \"eth1\", \"logFile\": \"/var/log/sticky-macvlan.log\",",
-            ),
-    );
+    c.apply(&fabric_v4_nad(&c, &ns_name));
     c.apply(&statefulset(&ns_name, "db", 1, "fabric"));
     let node = c.wait_running(&ns_name, "db-0", &[], 2 * MINUTE);
     let held = c.pod_addrs(&ns_name, "db-0", "net1");
@@ -1121,10 +1126,7 @@ fn chaos(c: &LocalCluster, seed: u64, faults: u32) -> ChaosFigures {
     let ns = c.namespace("chaos");
     let ns = ns.name.clone();
     let _claims = ClaimsOf { c, ns: ns.clone() };
-    c.apply(
-        &c.example("nad-k8s-statefulset.yaml")
-            .replace("namespace: db", &format!("namespace: {ns}")),
-    );
+    c.apply(&fabric_v4_nad(c, &ns));
     c.apply(&fabric_db_nad(c, &ns));
     c.apply(&statefulset(&ns, "v4", 2, "fabric"));
     c.apply(&statefulset(&ns, "db", 2, "fabric-db"));
