@@ -38,9 +38,10 @@ cargo build --workspace
 
 LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
-# A failing test run must still reach the summary and the leftover check.
+# A failing test run must still reach the summary and the leftover check,
+# and one failing test binary must not hide the others (--no-fail-fast).
 set +e
-cargo test --workspace -- --test-threads=2 2>&1 | tee "$LOG"
+cargo test --workspace --no-fail-fast -- --test-threads=2 2>&1 | tee "$LOG"
 status=${PIPESTATUS[0]}
 set -e
 
