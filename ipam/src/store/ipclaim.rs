@@ -1943,21 +1943,7 @@ mod tests {
         let n1 = Node::new();
         // An ADD that crashed between its lock and its claim, long ago by
         // the API server's clock.
-        let ip: IpAddr = "10.0.0.13".parse().unwrap();
-        api.clock.set(Some(1));
-        api.create_lock(&LockObject {
-            network: "macnet".into(),
-            ip,
-            identity: "crashed".into(),
-            created: 1,
-            uid: None,
-            node: Some("n1".into()),
-            resource_version: None,
-            adoptions: 0,
-            written: None,
-        })
-        .unwrap();
-        api.clock.set(None);
+        let ip = old_orphan(&api, "crashed");
         // Next-fit from .12 skips the locked .13.
         running(&api, "x", "n1");
         running(&api, "y", "n1");
@@ -1982,22 +1968,8 @@ mod tests {
     /// An ADD that crashed between its lock and its claim, long ago: the
     /// orphan the sweep removes unless its identity's ADD adopts it.
     fn old_orphan(api: &FakeApi, identity: &str) -> IpAddr {
-        let ip: IpAddr = "10.0.0.13".parse().unwrap();
-        api.clock.set(Some(1));
-        api.create_lock(&LockObject {
-            network: "macnet".into(),
-            ip,
-            identity: identity.into(),
-            created: 1,
-            uid: None,
-            node: Some("n1".into()),
-            resource_version: None,
-            adoptions: 0,
-            written: None,
-        })
-        .unwrap();
-        api.clock.set(None);
-        ip
+        // Made at second 1 of the API server's clock.
+        orphan(api, "10.0.0.13", identity, "n1", now_secs() - 1).ip
     }
 
     /// The ADD that adopts the orphan on IP: its identity asks for it.
