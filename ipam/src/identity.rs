@@ -52,6 +52,15 @@ pub fn dynamic_key(container_id: &str, ifname: &str) -> String {
     format!("{DYNAMIC_PREFIX}{container_id}/{ifname}")
 }
 
+/// The identity of the tombstone an identity leaves on an address it moves
+/// away from while that address is unconfirmed (its holder only judged
+/// dead): the identity's own name goes with it to its new address, and the
+/// old one must still be probed before it is bound again. No pod claims
+/// it; an exhausted pool reclaims it like any tombstone.
+pub fn displaced_key(key: &str, ip: std::net::IpAddr) -> String {
+    format!("moved:{key}@{ip}")
+}
+
 /// Whether `key` names one attachment (a dynamic identity): only the ADDs
 /// of that container, on its node, ever claim for it, so no other node's
 /// claim needs looking for. A configured identity of the same shape is

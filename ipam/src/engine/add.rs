@@ -8,6 +8,7 @@ use super::{AddRequest, Grant};
 use crate::addr::{from_u128, to_u128, Family};
 use crate::claim::{Claim, Holder, Unconfirmed};
 use crate::config::{IpamConfig, Range, RangeSet};
+use crate::identity::displaced_key;
 use crate::liveness::{Inspector, Verdict};
 use crate::store::{Change, ClaimStore, Plan, PlanError, PlanResult, StoreError};
 use crate::tenancy;
@@ -57,6 +58,35 @@ impl Planner<'_> {
                 holder.describe()
             ))),
         }
+    }
+
+    /// The identity leaves `claim`'s address (it moves, or the address is
+    /// outside the ranges now): freed when its last holder released it or
+    /// is the caller; else (its holder judged dead, or a mark not yet
+    /// confirmed) kept as a tombstone under `displaced_key`, so the address
+    /// is probed before it is bound again (I7).
+    fn leave(&mut self, claim: &Claim) -> PlanResult<()> {
+        let took_over = self.takeable(claim)?;
+        let unconfirmed = took_over
+            .map(|note| Unconfirmed {
+                since: self.req.now,
+                why: note,
+            })
+            .or_else(|| claim.unconfirmed.clone());
+        let after = unconfirmed.map(|unconfirmed| Claim {
+            identity: displaced_key(&claim.identity, claim.ip),
+            sticky: false,
+            holder: None,
+            owner: None,
+            updated: self.req.now,
+            unconfirmed: Some(unconfirmed),
+            ..claim.clone()
+        });
+        self.plan.changes.push(Change {
+            before: Some(claim.clone()),
+            after,
+        });
+        Ok(())
     }
 
     fn new_claim(&self, ip: IpAddr, unconfirmed: Option<Unconfirmed>) -> Claim {
@@ -499,11 +529,7 @@ pub fn plan_add(
             .iter()
             .filter(|c| current.is_some_and(|k| k.ip != c.ip))
         {
-            planner.takeable(extra)?;
-            planner.plan.changes.push(Change {
-                before: Some((*extra).clone()),
-                after: None,
-            });
+            planner.leave(extra)?;
         }
         let reserved = conf
             .reservations
@@ -520,11 +546,7 @@ pub fn plan_add(
                 continue;
             }
             // The identity moves to the address now asked for.
-            planner.takeable(claim)?;
-            planner.plan.changes.push(Change {
-                before: Some(claim.clone()),
-                after: None,
-            });
+            planner.leave(claim)?;
         }
         let grant = match target {
             Some(ip) => planner.claim_specific(set, ip, asked.is_none())?,
@@ -535,11 +557,7 @@ pub fn plan_add(
     // Claims left in no configured range (the ranges changed) would be a
     // second address for the identity: drop them.
     for claim in mine.iter().filter(|c| conf.set_of(c.ip).is_none()) {
-        planner.takeable(claim)?;
-        planner.plan.changes.push(Change {
-            before: Some(claim.clone()),
-            after: None,
-        });
+        planner.leave(claim)?;
     }
     Ok((planner.plan, grants))
 }

@@ -352,6 +352,73 @@ fn a_requested_address_moves_the_identity() {
     assert_invariants(&s);
 }
 
+/// Issue 26 (the review of I7): an identity that leaves an address whose
+/// holder was only judged dead, or whose mark no probe has cleared, leaves
+/// a tombstone there, and the next grant of that address is probed; one
+/// whose holder released it, or is the caller, frees it.
+#[test]
+fn an_identity_leaving_an_unconfirmed_address_leaves_a_tombstone() {
+    let c = small();
+    let requested = |cid: &str| {
+        let mut r = req("db", true, cid);
+        r.requested = vec!["10.0.0.12".parse().unwrap()];
+        r
+    };
+    let outside = conf(
+        json!({"subnet": "10.0.0.0/24", "rangeStart": "10.0.0.12", "rangeEnd": "10.0.0.13", "gateway": "10.0.0.1"}),
+    );
+    // (how the identity moves on, the caller, whether the old holder was
+    // only judged dead, whether 10.0.0.10 stays a tombstone)
+    type Leave = Box<dyn Fn(&mut MemoryStore) -> Vec<Grant>>;
+    let cases: Vec<(&str, Leave, bool)> = vec![
+        (
+            "a requested address, the old holder judged dead",
+            Box::new(move |s| add(&small(), s, &Alive(vec![]), &requested("p2")).unwrap()),
+            true,
+        ),
+        (
+            "a requested address, asked by the holder itself",
+            Box::new(move |s| add(&small(), s, &Alive(vec!["p1"]), &requested("p1")).unwrap()),
+            false,
+        ),
+        (
+            "the ranges no longer hold it, the old holder judged dead",
+            Box::new(move |s| add(&outside, s, &Alive(vec![]), &req("db", true, "p2")).unwrap()),
+            true,
+        ),
+    ];
+    for (case, leave, stays) in cases {
+        let mut s = MemoryStore::default();
+        add(&c, &mut s, &Alive(vec![]), &req("db", true, "p1")).unwrap();
+        let old: std::net::IpAddr = "10.0.0.10".parse().unwrap();
+        let g = leave(&mut s);
+        assert_ne!(g[0].ip, old, "{case}");
+        assert_eq!(
+            s.claims.get(&old).is_some_and(|t| t.is_tombstone()),
+            stays,
+            "{case}: {:?}",
+            s.claims
+        );
+        assert_invariants(&s);
+        if !stays {
+            continue;
+        }
+        // The pool runs out: the tombstone's address is reclaimed, probed.
+        let live = Alive(vec!["p1", "p2", "f1", "f2"]);
+        for cid in ["f1", "f2"] {
+            add(&c, &mut s, &live, &req(cid, false, cid)).unwrap();
+        }
+        let r = req("late", false, "f3");
+        let g = add(&c, &mut s, &live, &r);
+        let g = g.unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!(g[0].ip, old, "{case}");
+        assert!(
+            probed(&g[0], &r, crate::wire::StoreScope::Cluster),
+            "{case}: {g:?}"
+        );
+    }
+}
+
 #[test]
 fn dual_stack_is_all_or_nothing() {
     let c = conf(json!({"ranges": [
