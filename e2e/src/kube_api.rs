@@ -855,6 +855,7 @@ impl KubeApi {
                                 created: claim.created,
                                 uid: None,
                                 node: claim.holder_node().map(str::to_string),
+                                unconfirmed: None,
                                 resource_version: None,
                                 adoptions: 0,
                                 written: None,

@@ -913,6 +913,7 @@ fn an_adopted_lock_is_young_by_the_servers_clock_and_an_earlier_read_cannot_dele
                 created: sticky_ipam::claim::now_secs() - 3600,
                 uid: None,
                 node: Some(node.clone()),
+                unconfirmed: None,
                 resource_version: None,
                 adoptions: 0,
                 written: None,
@@ -1603,6 +1604,8 @@ fn the_node_scope_policy_refuses_walk_arounds_in_sequences_and_allows_the_plugin
     };
     let mark =
         |o: &mut Value| o["status"]["unconfirmed"] = json!({"since": 2, "why": "took it over"});
+    let lock_mark =
+        |o: &mut Value| o["spec"]["unconfirmed"] = json!({"since": 2, "why": "took it over"});
     let release = |o: &mut Value| {
         let status = o["status"].as_object_mut().expect("status");
         status.remove("holder");
@@ -1823,11 +1826,20 @@ fn the_node_scope_policy_refuses_walk_arounds_in_sequences_and_allows_the_plugin
         }),
         "may not change its spec.network or spec.ip",
     );
+    refused(
+        "reclaim: node1 re-keying node2's lock naming itself, unmarked",
+        put_dry(me, &lock, &|o| {
+            o["spec"]["identity"] = json!("d-new");
+            o["spec"]["node"] = json!("node1");
+        }),
+        "without setting spec.unconfirmed",
+    );
     let rekeyed = allowed(
-        "reclaim: node1 re-keying node2's lock to the new identity, naming itself",
+        "reclaim: node1 re-keying node2's lock to the new identity, naming itself, marked",
         put(me, &lock, &|o| {
             o["spec"]["identity"] = json!("d-new");
             o["spec"]["node"] = json!("node1");
+            lock_mark(o);
         }),
     );
     assert_eq!(rekeyed["spec"]["identity"], json!("d-new"), "{rekeyed}");
@@ -1856,8 +1868,19 @@ fn the_node_scope_policy_refuses_walk_arounds_in_sequences_and_allows_the_plugin
     // The undo of a reclaim whose probe was answered: the lock re-keyed
     // back to the old identity (node1 naming itself), node1's claim
     // deleted, the tombstone (no holder, marked) created again.
+    refused(
+        "undo: node1 re-keying the lock back, dropping its mark",
+        put_dry(me, &rekeyed, &|o| {
+            o["spec"]["identity"] = json!("d");
+            o["spec"]
+                .as_object_mut()
+                .expect("spec")
+                .remove("unconfirmed");
+        }),
+        "drop its spec.unconfirmed",
+    );
     allowed(
-        "undo: node1 re-keying the lock back to the old identity",
+        "undo: node1 re-keying the lock back to the old identity (marked still)",
         put(me, &rekeyed, &|o| o["spec"]["identity"] = json!("d")),
     );
     allowed(
@@ -1884,11 +1907,20 @@ fn the_node_scope_policy_refuses_walk_arounds_in_sequences_and_allows_the_plugin
         ),
     );
     let (_, orphan) = api.request("GET", &format!("{LOCKS}/lock-e"), None);
+    refused(
+        "node1 adopting node2's orphan lock, unmarked",
+        put_dry(me, &orphan, &|o| {
+            o["spec"]["node"] = json!("node1");
+            o["spec"]["adoptions"] = json!(1);
+        }),
+        "without setting spec.unconfirmed",
+    );
     allowed(
-        "node1 adopting the orphan lock for its identity",
+        "node1 adopting node2's orphan lock for its identity, marked",
         put(me, &orphan, &|o| {
             o["spec"]["node"] = json!("node1");
             o["spec"]["adoptions"] = json!(1);
+            lock_mark(o);
         }),
     );
     allowed(
@@ -1914,20 +1946,73 @@ fn the_node_scope_policy_refuses_walk_arounds_in_sequences_and_allows_the_plugin
         "may not",
     );
 
-    // Open (README, "Node scope"): CEL sees one object, so a node may take
-    // any lock over and delete it while another node's live claim still
-    // names its address: the plugin's own two writes when it deletes a
-    // lock another node made (a release after a takeover). Shown, as a
-    // dry run.
+    // Issue 26 item 6: renaming oneself onto the lock of another node's
+    // live claim, then deleting it (after which an honest node's next-fit
+    // would bind the address fresh). The rename must mark the lock, and a
+    // marked lock is no node's to delete or unmark, not even its own.
     let (_, lock) = api.request("GET", &format!("{LOCKS}/lock-f"), None);
-    let taken = allowed(
-        "open: node1 taking the lock of node2's live claim over",
-        put(me, &lock, &|o| o["spec"]["node"] = json!("node1")),
+    refused(
+        "node1 renaming itself onto the lock of node2's live claim, unmarked",
+        put_dry(me, &lock, &|o| o["spec"]["node"] = json!("node1")),
+        "without setting spec.unconfirmed",
     );
-    let _ = taken;
-    allowed(
-        "open: node1 deleting it (dry run)",
+    let taken = allowed(
+        "node1 renaming itself onto the lock of node2's live claim, marked",
+        put(me, &lock, &|o| {
+            o["spec"]["node"] = json!("node1");
+            lock_mark(o);
+        }),
+    );
+    refused(
+        "node1 deleting the lock it renamed itself onto",
         as_node(me, "DELETE", &format!("{LOCKS}/lock-f?dryRun=All"), None),
+        "is marked unconfirmed",
+    );
+    refused(
+        "node1 clearing the mark of the lock it renamed itself onto",
+        put_dry(me, &taken, &|o| {
+            o["spec"]
+                .as_object_mut()
+                .expect("spec")
+                .remove("unconfirmed");
+        }),
+        "drop its spec.unconfirmed",
+    );
+    refused(
+        "node1 re-keying it to another identity, then (dry) dropping the mark",
+        put_dry(me, &taken, &|o| {
+            o["spec"]["identity"] = json!("f-new");
+            o["spec"]
+                .as_object_mut()
+                .expect("spec")
+                .remove("unconfirmed");
+        }),
+        "drop its spec.unconfirmed",
+    );
+    let (_, mine) = api.request("GET", &format!("{LOCKS}/lock-e"), None);
+    refused(
+        "node1 deleting its own lock, marked since its adoption",
+        as_node(me, "DELETE", &format!("{LOCKS}/lock-e?dryRun=All"), None),
+        "is marked unconfirmed",
+    );
+    // Reconcile (another user, not matched) clears a mark once the claim
+    // naming the address carries none.
+    let (code, out) = api.request(
+        "PUT",
+        &format!("{LOCKS}/lock-e"),
+        Some(&{
+            let mut o = mine.clone();
+            o["spec"]
+                .as_object_mut()
+                .expect("spec")
+                .remove("unconfirmed");
+            o
+        }),
+    );
+    assert_eq!(code, 200, "reconcile clearing a mark: {out}");
+    allowed(
+        "node1 deleting its own lock once reconcile cleared its mark (dry run)",
+        as_node(me, "DELETE", &format!("{LOCKS}/lock-e?dryRun=All"), None),
     );
     eprintln!(
         "node scope, refusals by the real admission chain:\n  {}",

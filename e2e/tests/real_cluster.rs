@@ -3559,8 +3559,9 @@ fn node_plugin_kubeconfig(
 /// The exhaustion reclaim across nodes under the node-scope policy: a
 /// one-address pool held by a pod on node2 whose DEL never came (its
 /// Multus cache gone) is reclaimed by a pod on node1, which takes the
-/// claim and then the lock over before deleting them (the policy refuses
-/// node1 deleting node2's lock outright), and gets the address.
+/// claim over (marked), re-keys the lock naming itself (marked: the
+/// policy refuses node1 deleting node2's lock, or taking it unmarked),
+/// deletes the claim, and gets the address.
 #[test]
 fn an_exhausted_pool_reclaims_another_nodes_dead_claim_and_lock_under_node_scope() {
     let Some(c) =
@@ -3839,10 +3840,17 @@ fn one_nodes_token_is_refused_when_it_rewrites_another_nodes_live_claim() {
         "a node names only itself",
     );
     stolen["spec"]["node"] = serde_json::json!(me);
+    refused(
+        "re-keying node2's lock naming itself, unmarked",
+        as_me(&["replace", "--dry-run=server", "-f", "-"], Some(&stolen)),
+        "without setting spec.unconfirmed",
+    );
+    let lock_mark = serde_json::json!({"since": 1, "why": "a dead holder's address reclaimed"});
+    stolen["spec"]["unconfirmed"] = lock_mark.clone();
     let (ok, said) = as_me(&["replace", "--dry-run=server", "-f", "-"], Some(&stolen));
     assert!(
         ok,
-        "re-keying node2's lock naming itself (the reclaim's write) is allowed: {said}"
+        "re-keying node2's lock naming itself, marked (the reclaim's write), is allowed: {said}"
     );
     let mut forged_lock = their_lock.clone();
     let meta = forged_lock["metadata"].as_object_mut().expect("metadata");
@@ -3861,10 +3869,19 @@ fn one_nodes_token_is_refused_when_it_rewrites_another_nodes_live_claim() {
         ),
         "a node names only itself",
     );
+    // Issue 26 item 6: renaming oneself onto node2's lock (to delete it
+    // while node2's live claim names the address) must mark it, and a
+    // marked lock is no node's to delete.
     let mut taken = their_lock.clone();
     taken["spec"]["node"] = serde_json::json!(me);
+    refused(
+        "taking node2's lock over unmarked",
+        as_me(&["replace", "--dry-run=server", "-f", "-"], Some(&taken)),
+        "without setting spec.unconfirmed",
+    );
+    taken["spec"]["unconfirmed"] = lock_mark;
     let (ok, said) = as_me(&["replace", "--dry-run=server", "-f", "-"], Some(&taken));
-    assert!(ok, "node1 taking node2's lock over: {said}");
+    assert!(ok, "node1 taking node2's lock over, marked: {said}");
     let own_lock = lock_of(&claim_of("mine"));
     let (ok, said) = as_me(
         &[
@@ -3901,6 +3918,6 @@ fn one_nodes_token_is_refused_when_it_rewrites_another_nodes_live_claim() {
     assert!(ok, "node1 minting a token bound to itself: {said}");
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!(
-        "node scope: {me}'s plugin token refused releasing, redirecting, deleting and forging {other}'s claim, taking it over unmarked, moving its own claim's address, deleting {other}'s lock, giving it to another identity and forging one, minting a token bound to {other} or to nothing; allowed on its own claim and lock, to take {other}'s lock over, and to mint a token bound to {me}"
+        "node scope: {me}'s plugin token refused releasing, redirecting, deleting and forging {other}'s claim, taking it over unmarked, moving its own claim's address, deleting {other}'s lock, giving it to another identity and forging one, taking it over or re-keying it unmarked, minting a token bound to {other} or to nothing; allowed on its own claim and lock, to take {other}'s lock over marked, and to mint a token bound to {me}"
     );
 }

@@ -816,8 +816,12 @@ fn sweep_networks<'a>(
             None => tally.raced.push(network.clone()),
         }
         if let crate::backend::Store::Kube(kube) = &mut store {
-            for ip in kube.sweep_orphan_locks(ORPHAN_LOCK_GRACE_SECS)? {
+            let swept = kube.sweep_locks(ORPHAN_LOCK_GRACE_SECS)?;
+            for ip in swept.freed {
                 println!("{network}: unlocked {ip}: an ADD left its lock and no claim more than {ORPHAN_LOCK_GRACE_SECS} s ago");
+            }
+            for ip in swept.cleared {
+                println!("{network}: cleared the mark of the lock on {ip}: the claim naming it carries none");
             }
         }
         if retire {

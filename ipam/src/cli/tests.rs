@@ -177,6 +177,7 @@ fn seed(api: &FakeApi, network: &str, ip: &str, identity: &str, holder: Holder) 
             created: 0,
             uid: None,
             node: Some(holder.node.clone()),
+            unconfirmed: None,
             resource_version: None,
             adoptions: 0,
             written: None,

@@ -37,6 +37,7 @@ use super::{
     lock_name, ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi, LockObject,
     OUT_OF_SERVICE_TAINT,
 };
+use crate::claim::Unconfirmed;
 use crate::events::PodEvent;
 use crate::pod::{stable_owner_kind, PodFacts, StableOwner, IDENTITY_ANNOTATION};
 use crate::retention::StatefulSetFacts;
@@ -619,10 +620,10 @@ impl KubeApi for KubeClient {
         // The server keeps its creationTimestamp and managed fields, and
         // stamps this write's time on the latter.
         o.metadata.creation_timestamp = None;
+        let written = lock.rewritten(&lock.identity, node, None);
         o.spec.adoptions = lock.adoptions.saturating_add(1);
-        if let Some(node) = node {
-            o.spec.node = Some(node.to_string());
-        }
+        o.spec.node = written.node;
+        o.spec.unconfirmed = written.unconfirmed;
         let replaced = self.run(&what, api.replace(&name, &PostParams::default(), &o))?;
         from_lock(&replaced).map_err(ApiError::Refused)
     }
@@ -632,6 +633,7 @@ impl KubeApi for KubeClient {
         lock: &LockObject,
         identity: &str,
         node: Option<&str>,
+        judged: &Unconfirmed,
     ) -> ApiResult<LockObject> {
         let api = self.locks();
         let name = lock_name(&lock.network, lock.ip);
@@ -641,7 +643,7 @@ impl KubeApi for KubeClient {
         };
         // The resourceVersion read is the precondition; without one, the
         // GET's (at the same UID).
-        let mut read = match lock.resource_version {
+        let read = match lock.resource_version {
             Some(_) => lock.clone(),
             None => {
                 let Some(o) = self.get_opt(&what, api.get(&name))? else {
@@ -655,11 +657,7 @@ impl KubeApi for KubeClient {
                 "{what}: it is another lock now, or another identity's"
             )));
         }
-        read.identity = identity.to_string();
-        if let Some(node) = node {
-            read.node = Some(node.to_string());
-        }
-        let mut o = to_lock(&read);
+        let mut o = to_lock(&read.rewritten(identity, node, Some(judged)));
         // The server keeps its creationTimestamp and managed fields, and
         // stamps this write's time on the latter (the lock is young again).
         o.metadata.creation_timestamp = None;
@@ -667,33 +665,20 @@ impl KubeApi for KubeClient {
         from_lock(&replaced).map_err(ApiError::Refused)
     }
 
-    fn take_lock(
-        &self,
-        name: &str,
-        uid: &str,
-        resource_version: Option<&str>,
-        node: &str,
-    ) -> ApiResult<Option<String>> {
+    fn clear_lock_mark(&self, lock: &LockObject) -> ApiResult<LockObject> {
         let api = self.locks();
-        let what = format!("take iplock {name} over for node {node}");
-        let Some(mut o) = self.get_opt(&what, api.get(name))? else {
-            return Err(ApiError::Conflict(format!("{what}: it is gone")));
-        };
-        if o.metadata.uid.as_deref() != Some(uid) {
+        let mut o = to_lock(lock);
+        let name = o.metadata.name.clone().unwrap_or_default();
+        let what = format!("clear the mark of iplock {name}");
+        if o.metadata.resource_version.is_none() {
             return Err(ApiError::Conflict(format!(
-                "{what}: it is another lock now"
+                "{what}: no resourceVersion was read"
             )));
         }
-        if resource_version.is_some() && o.metadata.resource_version.as_deref() != resource_version
-        {
-            return Err(ApiError::Conflict(format!(
-                "{what}: it changed since it was read (adopted)"
-            )));
-        }
-        o.spec.node = Some(node.to_string());
-        // The GET's resourceVersion is the precondition.
-        self.run(&what, api.replace(name, &PostParams::default(), &o))
-            .map(|taken| taken.metadata.resource_version)
+        o.metadata.creation_timestamp = None;
+        o.spec.unconfirmed = None;
+        let replaced = self.run(&what, api.replace(&name, &PostParams::default(), &o))?;
+        from_lock(&replaced).map_err(ApiError::Refused)
     }
 
     fn create_claim(&self, obj: &ClaimObject) -> ApiResult<ClaimObject> {

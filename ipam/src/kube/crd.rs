@@ -89,6 +89,14 @@ pub struct IPLockSpec {
     /// names cannot delete it from an earlier read.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub adoptions: u64,
+    /// Set when the address changed identity on a judgement (a holder
+    /// judged dead, a tombstone reclaimed) or another node took the lock
+    /// over: its address is probed before it is bound again, and under the
+    /// node-scope policy no node may delete the lock or clear this; the
+    /// reconcile Deployment clears it once the IPClaim naming the address
+    /// carries no mark.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unconfirmed: Option<Unconfirmed>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -289,6 +297,7 @@ pub fn to_lock(lock: &LockObject) -> IPLock {
             created: lock.created,
             node: lock.node.clone(),
             adoptions: lock.adoptions,
+            unconfirmed: lock.unconfirmed.clone(),
         },
     }
 }
@@ -317,6 +326,7 @@ pub fn from_lock(o: &IPLock) -> Result<LockObject, String> {
             .map_or(o.spec.created, unix_secs),
         uid: o.metadata.uid.clone(),
         node: o.spec.node.clone(),
+        unconfirmed: o.spec.unconfirmed.clone(),
         resource_version: o.metadata.resource_version.clone(),
         adoptions: o.spec.adoptions,
         written: o
@@ -435,6 +445,7 @@ mod tests {
             created: 3,
             uid: Some("u1".into()),
             node: Some("node1".into()),
+            unconfirmed: None,
             resource_version: Some("9".into()),
             adoptions: 1,
             written: None,

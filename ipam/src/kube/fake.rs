@@ -23,10 +23,9 @@ pub struct FakeApi {
     pub inject_conflicts: Cell<usize>,
     pub unreachable: Cell<bool>,
     /// The node whose token the fake answers as under the node-scope
-    /// policy (examples/node-scope-policy.yaml): a delete of a lock that
-    /// names another node is refused, as the API server refuses it, and
-    /// so is a takeover of another node's claim without the unconfirmed
-    /// mark.
+    /// policy (examples/node-scope-policy.yaml), refusing what the API
+    /// server refuses: a takeover of another node's claim without the
+    /// unconfirmed mark, and the lock writes `lock_scope` lists.
     pub node_scope: RefCell<Option<String>>,
     /// Runs once, just before the first call whose "verb target" starts
     /// with the prefix: another client's requests slipped in between two
@@ -49,6 +48,45 @@ fn labels_match(labels: BTreeMap<String, String>, selector: &str) -> bool {
         let (k, v) = term.split_once('=').unwrap_or((term, ""));
         labels.get(k).map(String::as_str) == Some(v)
     })
+}
+
+/// The lock rules of the node-scope policy for a node SCOPE (None: not
+/// matched, as reconcile and operators are not): NEXT is the lock a write
+/// leaves, None for a delete. A node deletes only its own unmarked locks,
+/// names only itself, marks a lock it takes from another node, and never
+/// drops a mark. Locks made before 0.2.0 name no node and are not covered.
+fn lock_scope(
+    scope: Option<&str>,
+    name: &str,
+    cur: &LockObject,
+    next: Option<&LockObject>,
+) -> ApiResult<()> {
+    let (Some(me), Some(theirs)) = (scope, cur.node.as_deref()) else {
+        return Ok(());
+    };
+    let refused = match next {
+        None if theirs != me => Some(format!(
+            "a node deletes only its own locks (made on {theirs})"
+        )),
+        None if cur.unconfirmed.is_some() => Some("it is marked unconfirmed".to_string()),
+        None => None,
+        Some(next) if next.node.as_deref() != Some(me) => {
+            Some(format!("a node names only itself, not {:?}", next.node))
+        }
+        Some(next) if theirs != me && next.unconfirmed.is_none() => Some(format!(
+            "taking it over from node {theirs} requires spec.unconfirmed"
+        )),
+        Some(next) if cur.unconfirmed.is_some() && next.unconfirmed.is_none() => {
+            Some("a node may not drop spec.unconfirmed".to_string())
+        }
+        Some(_) => None,
+    };
+    match refused {
+        Some(why) => Err(ApiError::Refused(format!(
+            "node {me} may not write IPLock {name}: {why}"
+        ))),
+        None => Ok(()),
+    }
 }
 
 impl FakeApi {
@@ -171,11 +209,8 @@ impl KubeApi for FakeApi {
             {
                 Err(ApiError::Conflict(format!("{name} was modified")))
             }
-            Some(cur) if cur.node.is_some() && scope.is_some() && cur.node != *scope => {
-                Err(ApiError::Refused(format!(
-                    "node {scope:?} may not delete IPLock {name}, made on node {:?}",
-                    cur.node
-                )))
+            Some(cur) if lock_scope(scope.as_deref(), name, cur, None).is_err() => {
+                lock_scope(scope.as_deref(), name, cur, None)
             }
             Some(_) => {
                 locks.remove(name);
@@ -184,38 +219,12 @@ impl KubeApi for FakeApi {
         }
     }
 
-    fn take_lock(
-        &self,
-        name: &str,
-        uid: &str,
-        resource_version: Option<&str>,
-        node: &str,
-    ) -> ApiResult<Option<String>> {
-        self.record(format!("take lock {name}"))?;
-        self.injected()?;
-        let (rv, now) = (self.next_rv(), self.now());
-        match self.locks.borrow_mut().get_mut(name) {
-            Some(cur)
-                if cur.uid.as_deref() == Some(uid)
-                    && (resource_version.is_none()
-                        || cur.resource_version.as_deref() == resource_version) =>
-            {
-                cur.node = Some(node.to_string());
-                cur.resource_version = Some(rv.clone());
-                cur.written = Some(now);
-                Ok(Some(rv))
-            }
-            _ => Err(ApiError::Conflict(format!(
-                "{name} is gone or another lock"
-            ))),
-        }
-    }
-
     fn rekey_lock(
         &self,
         lock: &LockObject,
         identity: &str,
         node: Option<&str>,
+        judged: &crate::claim::Unconfirmed,
     ) -> ApiResult<LockObject> {
         let name = super::lock_name(&lock.network, lock.ip);
         self.record(format!("rekey lock {name}"))?;
@@ -239,18 +248,13 @@ impl KubeApi for FakeApi {
                 Err(ApiError::Conflict(format!("{name} was modified")))
             }
             Some(cur) => {
-                let named = node.map(str::to_string).or_else(|| cur.node.clone());
-                // The policy: an identity change only by a node naming
-                // itself the lock's node.
-                if scope.is_some() && named != scope {
-                    return Err(ApiError::Refused(format!(
-                        "node {scope:?} may not give IPLock {name} to another identity naming node {named:?}"
-                    )));
-                }
-                cur.identity = identity.to_string();
-                cur.node = named;
-                cur.resource_version = Some(rv);
-                cur.written = Some(now);
+                let next = cur.rewritten(identity, node, Some(judged));
+                lock_scope(scope.as_deref(), &name, cur, Some(&next))?;
+                *cur = LockObject {
+                    resource_version: Some(rv),
+                    written: Some(now),
+                    ..next
+                };
                 Ok(cur.clone())
             }
         }
@@ -260,6 +264,7 @@ impl KubeApi for FakeApi {
         let name = super::lock_name(&lock.network, lock.ip);
         self.record(format!("adopt lock {name}"))?;
         self.injected()?;
+        let scope = self.node_scope.borrow().clone();
         let (rv, now) = (self.next_rv(), self.now());
         let mut locks = self.locks.borrow_mut();
         match locks.get_mut(&name) {
@@ -267,12 +272,43 @@ impl KubeApi for FakeApi {
                 if lock.resource_version.is_some()
                     && cur.resource_version == lock.resource_version =>
             {
-                cur.adoptions = lock.adoptions + 1;
-                if let Some(node) = node {
-                    cur.node = Some(node.to_string());
-                }
-                cur.resource_version = Some(rv);
-                cur.written = Some(now);
+                let next = cur.rewritten(&cur.identity, node, None);
+                lock_scope(scope.as_deref(), &name, cur, Some(&next))?;
+                *cur = LockObject {
+                    adoptions: lock.adoptions + 1,
+                    resource_version: Some(rv),
+                    written: Some(now),
+                    ..next
+                };
+                Ok(cur.clone())
+            }
+            Some(_) => Err(ApiError::Conflict(format!("{name} was modified"))),
+            None => Err(ApiError::Conflict(format!("{name} not found"))),
+        }
+    }
+
+    fn clear_lock_mark(&self, lock: &LockObject) -> ApiResult<LockObject> {
+        let name = super::lock_name(&lock.network, lock.ip);
+        self.record(format!("clear lock {name}"))?;
+        self.injected()?;
+        let scope = self.node_scope.borrow().clone();
+        let (rv, now) = (self.next_rv(), self.now());
+        let mut locks = self.locks.borrow_mut();
+        match locks.get_mut(&name) {
+            Some(cur)
+                if lock.resource_version.is_some()
+                    && cur.resource_version == lock.resource_version =>
+            {
+                let next = LockObject {
+                    unconfirmed: None,
+                    ..cur.clone()
+                };
+                lock_scope(scope.as_deref(), &name, cur, Some(&next))?;
+                *cur = LockObject {
+                    resource_version: Some(rv),
+                    written: Some(now),
+                    ..next
+                };
                 Ok(cur.clone())
             }
             Some(_) => Err(ApiError::Conflict(format!("{name} was modified"))),

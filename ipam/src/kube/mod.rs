@@ -74,11 +74,14 @@ pub struct ClaimObject {
 /// created before the claim that names its address and deleted after it;
 /// its address never changes, and its identity only by a re-key
 /// (`KubeApi::rekey_lock`) when the address goes to another identity, so
-/// the address is never unlocked while it changes hands. Its node changes when a node
-/// takes another node's lock over to delete it (I14), and an ADD that
-/// adopts it (its identity's, no claim names it) writes it before its
-/// claim, so the orphan sweep, which deletes at the resourceVersion it
-/// read, cannot miss the adoption.
+/// the address is never unlocked while it changes hands. Its node changes
+/// only when a node writes it naming itself (a re-key, an adoption), and a
+/// write that takes another node's lock over marks it (`unconfirmed`), as
+/// does every re-key: a node never deletes a marked lock nor another
+/// node's, and never drops a mark (I14). An ADD that adopts it (its
+/// identity's, no claim names it) writes it before its claim, so the
+/// orphan sweep, which deletes at the resourceVersion it read, cannot miss
+/// the adoption.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockObject {
     pub network: String,
@@ -91,10 +94,17 @@ pub struct LockObject {
     pub created: u64,
     /// None for an object not yet created.
     pub uid: Option<String>,
-    /// The node whose plugin made it (or took it over): the node-scope
-    /// policy lets only that node delete it. None on locks made before
-    /// 0.2.0 and by the CLI's operator commands.
+    /// The node whose plugin made it, or last wrote it naming itself: the
+    /// node-scope policy lets only that node delete it, and only unmarked.
+    /// None on locks made before 0.2.0 and by the CLI's operator commands.
     pub node: Option<String>,
+    /// Set when the address changed hands on a judgement (a re-key) or
+    /// another node took the lock over: the lock outlives its claim as a
+    /// tombstone whose address is probed before it is bound again, and no
+    /// node may delete it (so renaming oneself onto a lock frees nothing).
+    /// Only reconcile clears it, once the claim naming the address carries
+    /// no mark.
+    pub unconfirmed: Option<crate::claim::Unconfirmed>,
     /// None for an object not yet created.
     pub resource_version: Option<String>,
     /// How often an ADD adopted it (`spec.adoptions`): every adoption
@@ -111,6 +121,40 @@ impl LockObject {
     /// `now`: what the orphan sweep compares with its grace.
     pub fn age(&self, now: u64) -> u64 {
         now.saturating_sub(self.created.max(self.written.unwrap_or(0)))
+    }
+
+    /// The lock as a write by NODE leaves it, naming IDENTITY: NODE named
+    /// (when given), and the mark it has kept, else JUDGED's (a re-key),
+    /// else a new one when NODE takes another node's lock over (I14).
+    pub fn rewritten(
+        &self,
+        identity: &str,
+        node: Option<&str>,
+        judged: Option<&crate::claim::Unconfirmed>,
+    ) -> LockObject {
+        let taken_from = self
+            .node
+            .as_deref()
+            .filter(|theirs| node.is_some_and(|mine| mine != *theirs));
+        let unconfirmed = self
+            .unconfirmed
+            .clone()
+            .or_else(|| judged.cloned())
+            .or_else(|| {
+                taken_from.map(|theirs| crate::claim::Unconfirmed {
+                    since: crate::claim::now_secs(),
+                    why: format!(
+                        "node {} took over the lock node {theirs} made",
+                        node.unwrap_or_default()
+                    ),
+                })
+            });
+        LockObject {
+            identity: identity.to_string(),
+            node: node.map(str::to_string).or_else(|| self.node.clone()),
+            unconfirmed,
+            ..self.clone()
+        }
     }
 }
 
@@ -165,31 +209,26 @@ pub trait KubeApi {
     fn delete_lock(&self, name: &str, uid: &str, resource_version: Option<&str>) -> ApiResult<()>;
     /// An ADD of the lock's identity adopts it (no claim names it): one
     /// PUT at `lock.resource_version` that counts the adoption and names
-    /// NODE (when given) its node. A conflict when it changed since.
+    /// NODE (when given) its node (`LockObject::rewritten`). A conflict
+    /// when it changed since.
     fn adopt_lock(&self, lock: &LockObject, node: Option<&str>) -> ApiResult<LockObject>;
     /// Gives the address to another identity without ever unlocking it:
     /// one PUT of the lock with `lock.uid`, at `lock.resource_version`
     /// (when None, at the version a GET reads), naming IDENTITY and NODE
-    /// (when given) its node. A conflict when it is gone, another lock,
-    /// or changed since. The node-scope policy allows it only to a node
-    /// naming itself.
+    /// (when given) its node, and marked with JUDGED unless it is marked
+    /// already (`LockObject::rewritten`). A conflict when it is gone,
+    /// another lock, or changed since. The node-scope policy allows it
+    /// only to a node naming itself.
     fn rekey_lock(
         &self,
         lock: &LockObject,
         identity: &str,
         node: Option<&str>,
+        judged: &crate::claim::Unconfirmed,
     ) -> ApiResult<LockObject>;
-    /// Names NODE the lock's node (the lock with this UID, and at
-    /// `resource_version` when given, else a conflict), so that node may
-    /// delete it under the node-scope policy. Returns the lock's new
-    /// resourceVersion.
-    fn take_lock(
-        &self,
-        name: &str,
-        uid: &str,
-        resource_version: Option<&str>,
-        node: &str,
-    ) -> ApiResult<Option<String>>;
+    /// Clears the lock's mark (reconcile's, never a node's: the claim
+    /// naming its address carries no mark), at `lock.resource_version`.
+    fn clear_lock_mark(&self, lock: &LockObject) -> ApiResult<LockObject>;
     fn get_pod(&self, namespace: &str, name: &str) -> ApiResult<Option<PodFacts>>;
     fn get_node(&self, name: &str) -> ApiResult<Option<ClusterNode>>;
     /// What retention needs of a StatefulSet, None when it no longer
@@ -383,6 +422,7 @@ mod tests {
             created: 1_700_000_000 - 600,
             uid: Some("u1".into()),
             node: Some("node1".into()),
+            unconfirmed: None,
             resource_version: Some("5".into()),
             adoptions: 0,
             written: None,

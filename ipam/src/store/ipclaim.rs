@@ -18,7 +18,7 @@
 //! that identity that asks for the address adopts it (a PUT of the lock
 //! at the resourceVersion read, then the claim), or reconcile removes it
 //! once the API server made or changed it longer ago than any ADD can take
-//! (`sweep_orphan_locks`, deleting at the resourceVersion it listed). A
+//! (`sweep_locks`, deleting at the resourceVersion it listed). A
 //! claim create that loses keeps its lock only if the identity's winning
 //! claim names the same address (it adopted the lock). An address that
 //! goes to another identity is never unlocked in between: its lock is
@@ -46,7 +46,7 @@ use super::file::{claim_file_name, FileStore};
 use super::fsio::{make_dir, read_file, remove_file, write_atomic};
 use super::{Change, ClaimStore, Damaged, Listing, Plan, StoreError, StoreResult};
 use crate::addr::Family;
-use crate::claim::{now_secs, Claim, Unconfirmed};
+use crate::claim::{now_secs, Claim, Holder, Unconfirmed};
 use crate::identity::is_attachment_scoped;
 use crate::kube::{
     claim_name, holder_selector, lock_name, network_selector, ApiError, ClaimObject, KubeApi,
@@ -100,6 +100,10 @@ pub struct KubeStore<'a> {
     /// Where next-fit starts on this node before it has a cursor, so
     /// nodes do not all race for the same first address.
     first_cursors: Vec<Option<IpAddr>>,
+    /// The holder the plan being committed grants to: its node is the one
+    /// that writes (None for DEL, GC, reconcile and the CLI, whose writes
+    /// name the released holder's node or none).
+    writer: Option<Holder>,
 }
 
 /// A lock no claim names, as the claim the engine plans with. A young
@@ -110,9 +114,19 @@ pub struct KubeStore<'a> {
 /// which an exhausted pool reclaims on the spot (its address probed first,
 /// since that ADD's claim may have been written unseen), so no orphan
 /// outlives the pool's need for it even without the reconcile Deployment.
+/// A marked lock (I14) passes its mark on whatever its age: its address
+/// changed hands on a judgement, or its claim was deleted by a node that
+/// could not delete the lock, and is probed before it is bound again.
 fn orphan_claim(lock: &LockObject, now: u64) -> Claim {
     let age = lock.age(now);
     let old = age > ORPHAN_LOCK_GRACE_SECS;
+    let tombstone = old.then(|| Unconfirmed {
+        since: now,
+        why: format!(
+            "an ADD of identity {:?} left its lock and no claim {age} s ago",
+            lock.identity
+        ),
+    });
     Claim {
         ip: lock.ip,
         identity: lock.identity.clone(),
@@ -122,13 +136,7 @@ fn orphan_claim(lock: &LockObject, now: u64) -> Claim {
         namespace: None,
         created: lock.created,
         updated: lock.created,
-        unconfirmed: old.then(|| Unconfirmed {
-            since: now,
-            why: format!(
-                "an ADD of identity {:?} left its lock and no claim {age} s ago",
-                lock.identity
-            ),
-        }),
+        unconfirmed: lock.unconfirmed.clone().or(tombstone),
     }
 }
 
@@ -164,6 +172,7 @@ impl<'a> KubeStore<'a> {
             local,
             prior: Vec::new(),
             first_cursors,
+            writer: None,
         }
     }
 
@@ -288,6 +297,7 @@ impl<'a> KubeStore<'a> {
                     created: now_secs(),
                     uid: None,
                     node: after.holder_node().map(str::to_string),
+                    unconfirmed: None,
                     resource_version: None,
                     adoptions: 0,
                     written: None,
@@ -325,7 +335,7 @@ impl<'a> KubeStore<'a> {
                         .flatten()
                         .is_some_and(|o| o.claim.ip == ip);
                 if !adopted && !adopted_by_other && !maybe_made {
-                    self.unlock(ip, &after.identity, after.holder_node());
+                    self.unlock(ip, &after.identity);
                 }
                 Err(e.into())
             }
@@ -335,10 +345,10 @@ impl<'a> KubeStore<'a> {
     /// Deletes the lock on `ip` if it is `identity`'s; best effort: a lock
     /// left behind is an orphan, which keeps the address taken until
     /// reconcile removes it, never hands it out twice. A lock another node
-    /// made is this node's (NODE's) to delete once it has taken it over:
-    /// the node-scope policy refuses the delete before, and only then does
-    /// the takeover cost its requests.
-    fn unlock(&mut self, ip: IpAddr, identity: &str, node: Option<&str>) {
+    /// made, or one marked (I14), is not this node's to delete under the
+    /// node-scope policy: it stays, an orphan whose address next-fit skips
+    /// (a marked one is a tombstone probed before it is bound again).
+    fn unlock(&mut self, ip: IpAddr, identity: &str) {
         let name = lock_name(&self.network, ip);
         self.locks_read.remove(&ip);
         let uid = match self.lock_uids.remove(&ip) {
@@ -353,18 +363,13 @@ impl<'a> KubeStore<'a> {
             },
         };
         let Some(uid) = uid else { return };
-        let deleted = match (self.api.delete_lock(&name, &uid, None), node) {
-            (Err(ApiError::Refused(refusal)), Some(node)) => self
-                .api
-                .take_lock(&name, &uid, None, node)
-                .and_then(|taken| self.api.delete_lock(&name, &uid, taken.as_deref()))
-                .map_err(|e| ApiError::Refused(format!("{refusal}; taking it over: {e}"))),
-            (result, _) => result,
-        };
-        match deleted {
+        match self.api.delete_lock(&name, &uid, None) {
             Ok(()) => {}
             // Gone already, or another lock since: not ours to delete.
             Err(ApiError::Conflict(_)) => {}
+            Err(ApiError::Refused(why)) => {
+                cni::log::info(&format!("iplock {name} stays as an orphan: {why}"))
+            }
             Err(e) => cni::log::warn(&format!(
                 "could not delete iplock {name}: {e}; reconcile removes it once no claim names it"
             )),
@@ -374,26 +379,24 @@ impl<'a> KubeStore<'a> {
 
     /// Deletes an orphan lock exactly as it was read: an ADD that adopted
     /// it since changed it, and the plan is made again (a conflict) rather
-    /// than free an address a claim is about to name. Another node's is
-    /// taken over first, at the same version (see `unlock`).
-    fn delete_orphan(&mut self, lock: &LockObject, node: Option<&str>) -> StoreResult<()> {
+    /// than free an address a claim is about to name. One the node-scope
+    /// policy keeps from this node (another node's, or marked) stays, as
+    /// in `unlock`.
+    fn delete_orphan(&mut self, lock: &LockObject) -> StoreResult<()> {
         let name = lock_name(&self.network, lock.ip);
         let Some(uid) = lock.uid.as_deref() else {
             return Ok(());
         };
-        let rv = lock.resource_version.as_deref();
-        let deleted = match (self.api.delete_lock(&name, uid, rv), node) {
-            (Err(ApiError::Refused(refusal)), Some(node)) => self
-                .api
-                .take_lock(&name, uid, rv, node)
-                .and_then(|taken| self.api.delete_lock(&name, uid, taken.as_deref()))
-                .map_err(|e| match e {
-                    ApiError::Conflict(_) => e,
-                    e => ApiError::Refused(format!("{refusal}; taking it over: {e}")),
-                }),
-            (result, _) => result,
-        };
-        deleted.map_err(StoreError::from)?;
+        match self
+            .api
+            .delete_lock(&name, uid, lock.resource_version.as_deref())
+        {
+            Ok(()) => {}
+            Err(ApiError::Refused(why)) => {
+                cni::log::info(&format!("iplock {name} stays as an orphan: {why}"))
+            }
+            Err(e) => return Err(e.into()),
+        }
         self.orphans.remove(&lock.ip);
         self.lock_uids.remove(&lock.ip);
         self.locks_read.remove(&lock.ip);
@@ -405,7 +408,8 @@ impl<'a> KubeStore<'a> {
     /// while it changes hands, since it was freed on a judgement (or a
     /// probe just heard it answer) and must be probed before anyone binds
     /// it. One conditional PUT re-keys the lock (at the UID and
-    /// resourceVersion read) to AFTER's identity and NODE, then BEFORE's
+    /// resourceVersion read) to AFTER's identity and NODE, marked (I14: the
+    /// lock outlives a claim that never comes as a tombstone), then BEFORE's
     /// claim is deleted at its resourceVersion (an orphan lock has none),
     /// then AFTER's claim is created. Every failure leaves the address
     /// locked:
@@ -438,6 +442,7 @@ impl<'a> KubeStore<'a> {
                     created: before.created,
                     uid: Some(uid.clone()),
                     node: None,
+                    unconfirmed: None,
                     resource_version: None,
                     adoptions: 0,
                     written: None,
@@ -450,9 +455,20 @@ impl<'a> KubeStore<'a> {
                     before.identity
                 ))
             })?;
+        let judged = after
+            .unconfirmed
+            .clone()
+            .or_else(|| before.unconfirmed.clone())
+            .unwrap_or_else(|| Unconfirmed {
+                since: now_secs(),
+                why: format!(
+                    "{ip} went from identity {:?} to {:?}",
+                    before.identity, after.identity
+                ),
+            });
         let rekeyed = self
             .api
-            .rekey_lock(&read, &after.identity, node)
+            .rekey_lock(&read, &after.identity, node, &judged)
             .map_err(StoreError::from)?;
         self.orphans.remove(&ip);
         if let Some(uid) = &rekeyed.uid {
@@ -462,7 +478,10 @@ impl<'a> KubeStore<'a> {
         if let Some(rv) = rv {
             let name = claim_name(&self.network, &before.identity, Family::of(ip));
             if let Err(e) = self.api.delete_claim(&name, &rv) {
-                match self.api.rekey_lock(&rekeyed, &before.identity, node) {
+                match self
+                    .api
+                    .rekey_lock(&rekeyed, &before.identity, node, &judged)
+                {
                     Ok(back) => {
                         self.locks_read.insert(ip, back);
                     }
@@ -489,10 +508,9 @@ impl<'a> KubeStore<'a> {
         Ok(())
     }
 
-    /// NODE: the node that makes this change (see `unlock`).
-    fn remove(&mut self, before: &Claim, node: Option<&str>) -> StoreResult<()> {
+    fn remove(&mut self, before: &Claim) -> StoreResult<()> {
         if let Some(orphan) = self.orphans.get(&before.ip).cloned() {
-            return self.delete_orphan(&orphan, node);
+            return self.delete_orphan(&orphan);
         }
         let rv = self.version_of(before.ip)?;
         self.api
@@ -502,7 +520,7 @@ impl<'a> KubeStore<'a> {
             )
             .map_err(StoreError::from)?;
         self.versions.remove(&before.ip);
-        self.unlock(before.ip, &before.identity, node);
+        self.unlock(before.ip, &before.identity);
         Ok(())
     }
 
@@ -529,9 +547,14 @@ impl<'a> KubeStore<'a> {
                 // policy, examples/node-scope-policy.yaml): a reclaim from
                 // a dead holder elsewhere is an update, then the delete.
                 // The takeover carries the grant's unconfirmed mark, as
-                // every takeover must under that policy.
-                let adopter = after.as_ref().and_then(|a| a.holder.as_ref());
-                if let (Some(theirs), Some(mine)) = (before.holder.as_ref(), adopter) {
+                // every takeover must under that policy. A tombstone left
+                // where an identity moves away has no holder: the plan's
+                // grantee writes it.
+                let adopter = after
+                    .as_ref()
+                    .and_then(|a| a.holder.clone())
+                    .or_else(|| self.writer.clone());
+                if let (Some(theirs), Some(mine)) = (before.holder.as_ref(), adopter.as_ref()) {
                     if theirs.node != mine.node && !self.orphans.contains_key(&before.ip) {
                         let rv = self.version_of(before.ip)?;
                         let unconfirmed = after
@@ -559,12 +582,14 @@ impl<'a> KubeStore<'a> {
                         self.remember(obj);
                     }
                 }
-                let writer = after.as_ref().and_then(Claim::holder_node);
-                let node = writer.or(before.holder_node());
+                let node = adopter
+                    .as_ref()
+                    .map(|h| h.node.clone())
+                    .or_else(|| before.holder_node().map(str::to_string));
                 if let Some(after) = after.as_ref().filter(|a| a.ip == before.ip) {
-                    return self.rekey(before, after, node);
+                    return self.rekey(before, after, node.as_deref());
                 }
-                self.remove(before, node)?;
+                self.remove(before)?;
                 match after {
                     Some(after) => self.create(after),
                     None => Ok(()),
@@ -723,24 +748,28 @@ impl<'a> KubeStore<'a> {
         }
     }
 
-    /// Removes the locks no claim names that the API server made or last
+    /// Reconcile's care of the locks (README, "The kubernetes store"):
+    /// removes the locks no claim names that the API server made or last
     /// changed more than `grace_secs` ago (an ADD between its lock and its
-    /// claim, or between its adoption of a lock and its claim, is younger);
-    /// the reconcile loop's job. Ages are the API server's clock
-    /// (`LockObject::age`): a node's may be minutes off. Each delete is
-    /// made at the resourceVersion listed, so an adoption since (which
-    /// writes the lock before its claim) makes it fail. Returns the
-    /// addresses freed.
-    pub fn sweep_orphan_locks(&mut self, grace_secs: u64) -> StoreResult<Vec<IpAddr>> {
-        self.list()?;
+    /// claim, or between its adoption of a lock and its claim, is younger),
+    /// and clears the mark of a lock whose claim carries none (I14).
+    /// Ages are the API server's clock (`LockObject::age`): a node's may
+    /// be minutes off. Each write is made at the resourceVersion listed, so
+    /// an adoption since (which writes the lock before its claim) makes it
+    /// fail. A marked orphan is never removed: its address changed hands on
+    /// a judgement, or its claim was deleted by a node the policy kept from
+    /// deleting it, so it stays a tombstone that an exhausted pool reclaims
+    /// with a probe.
+    pub fn sweep_locks(&mut self, grace_secs: u64) -> StoreResult<LockSweep> {
+        let listing = self.list()?;
         let now = now_secs();
         let old: Vec<LockObject> = self
             .orphans
             .values()
-            .filter(|l| l.age(now) > grace_secs)
+            .filter(|l| l.age(now) > grace_secs && l.unconfirmed.is_none())
             .cloned()
             .collect();
-        let mut freed = Vec::new();
+        let mut swept = LockSweep::default();
         for lock in old {
             let (Some(uid), Some(rv)) = (lock.uid.as_deref(), lock.resource_version.as_deref())
             else {
@@ -762,13 +791,40 @@ impl<'a> KubeStore<'a> {
                 .api
                 .delete_lock(&lock_name(&self.network, lock.ip), uid, Some(rv))
             {
-                Ok(()) => freed.push(lock.ip),
+                Ok(()) => swept.freed.push(lock.ip),
                 Err(ApiError::Conflict(_)) => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(freed)
+        let confirmed: Vec<LockObject> = listing
+            .claims
+            .iter()
+            .filter(|c| c.unconfirmed.is_none() && !self.orphans.contains_key(&c.ip))
+            .filter_map(|c| {
+                self.locks_read
+                    .get(&c.ip)
+                    .filter(|l| l.identity == c.identity && l.unconfirmed.is_some())
+                    .cloned()
+            })
+            .collect();
+        for lock in confirmed {
+            match self.api.clear_lock_mark(&lock) {
+                Ok(_) => swept.cleared.push(lock.ip),
+                Err(ApiError::Conflict(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(swept)
     }
+}
+
+/// What `KubeStore::sweep_locks` did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct LockSweep {
+    /// Orphan locks removed: their addresses are free.
+    pub freed: Vec<IpAddr>,
+    /// Locks whose mark was cleared: their claims carry none.
+    pub cleared: Vec<IpAddr>,
 }
 
 impl ClaimStore for KubeStore<'_> {
@@ -947,6 +1003,7 @@ impl ClaimStore for KubeStore<'_> {
     }
 
     fn commit(&mut self, plan: &Plan) -> StoreResult<()> {
+        self.writer = Self::grants(plan).into_iter().find_map(|c| c.holder);
         self.confirm_untouched(plan)?;
         self.record_intent(plan);
         let mut applied = Vec::new();
@@ -1369,6 +1426,7 @@ mod tests {
                 created: 0,
                 uid: None,
                 node: Some(node.into()),
+                unconfirmed: None,
                 resource_version: None,
                 adoptions: 0,
                 written: None,
@@ -1448,7 +1506,10 @@ mod tests {
             Box::new(|api: &FakeApi| {
                 let name = lock_name("macnet", "10.0.0.19".parse().unwrap());
                 let lock = api.locks.borrow()[&name].clone();
+                // n2's ADD, answering to the policy as n2.
+                let caller = api.node_scope.replace(Some("n2".into()));
                 api.adopt_lock(&lock, Some("n2")).unwrap();
+                *api.node_scope.borrow_mut() = caller;
             }),
         ));
         // The adopted lock is young again: the pool is full.
@@ -1752,9 +1813,113 @@ mod tests {
             .and_then(|p| store.commit(&p).map_err(crate::store::PlanError::from));
         api.unreachable.set(false);
         assert!(undone.is_err());
-        let locks = api.locks.borrow();
-        assert_eq!(locks[&lock_name("macnet", ip)].identity, k0, "{locks:?}");
+        let mut locks = api.locks.borrow_mut();
+        let left = locks.get_mut(&lock_name("macnet", ip)).unwrap();
+        assert_eq!(left.identity, k0, "{left:?}");
         assert!(api.claims.borrow().is_empty());
+        // Issue 26 (left by the re-key): that orphan was re-keyed on a
+        // judgement, so it is marked, and reconcile's sweep keeps it long
+        // past the grace: a tombstone probed before its address is bound.
+        assert!(left.unconfirmed.is_some(), "{left:?}");
+        left.created = now_secs() - 3600;
+        left.written = Some(left.created);
+        drop(locks);
+        let mut sweeper = KubeStore::new(&api, "macnet", None, vec![None]);
+        let swept = sweeper.sweep_locks(ORPHAN_LOCK_GRACE_SECS).unwrap();
+        assert_eq!(swept, LockSweep::default());
+        let stone = sweeper.claim(ip).unwrap().unwrap();
+        assert!(stone.is_tombstone(), "{stone:?}");
+    }
+
+    /// Issue 26 (the review of I7): a sticky identity whose holder on n1
+    /// is judged dead moves to an address its ADD on n2 asks for: n2 takes
+    /// the old claim over and leaves a tombstone on its address (a re-key,
+    /// under the node-scope policy), never a free address.
+    #[test]
+    fn an_identity_moving_from_a_dead_holder_elsewhere_leaves_a_tombstone() {
+        let (api, n1, n2) = (FakeApi::default(), Node::new(), Node::new());
+        *api.node_scope.borrow_mut() = Some("n1".into());
+        running(&api, "db-0", "n1");
+        let old = add(&api, Some(&n1), &req("db", true, "db-0", "n1")).unwrap()[0];
+        // db-0 is re-created on n2 and asks for another address.
+        *api.node_scope.borrow_mut() = Some("n2".into());
+        let mut moved = req("db", true, "db-0b", "n2");
+        moved.requested = vec!["10.0.0.15".parse().unwrap()];
+        running(&api, "db-0b", "n2");
+        api.pods.borrow_mut().remove("ns/db-0");
+        let got = add(&api, Some(&n2), &moved).unwrap();
+        assert_eq!(got, vec!["10.0.0.15".parse::<IpAddr>().unwrap()]);
+        let mut store = KubeStore::new(&api, "macnet", None, vec![None]);
+        let stone = store.claim(old).unwrap().unwrap();
+        assert!(stone.is_tombstone(), "{stone:?}");
+        assert_eq!(stone.identity, crate::identity::displaced_key("db", old));
+        let lock = api.locks.borrow()[&lock_name("macnet", old)].clone();
+        assert!(
+            lock.unconfirmed.is_some() && lock.node.as_deref() == Some("n2"),
+            "{lock:?}"
+        );
+        locks_match(&api);
+    }
+
+    /// Issue 26 item 6, closed in the data model: a lock that changed
+    /// hands from another node is marked, no node may delete a marked
+    /// lock, so its claim's own DEL leaves it a tombstone (no other node's
+    /// next-fit binds its address fresh) until reconcile, seeing the claim
+    /// confirmed, clears the mark.
+    #[test]
+    fn a_lock_taken_from_another_node_outlives_its_claim_until_reconcile_clears_it() {
+        for reconcile_first in [false, true] {
+            let api = FakeApi::default();
+            let (n1, n3) = (Node::new(), Node::new());
+            *api.node_scope.borrow_mut() = Some("n3".into());
+            let ip = tombstone_on_the_only_address(&api, &n3);
+            *api.node_scope.borrow_mut() = Some("n1".into());
+            running(&api, "new1", "n1");
+            let r1 = req(&dynamic_key("c-new1", "net1"), false, "new1", "n1");
+            let g = grants_one(&api, &n1.dir, &r1).unwrap();
+            assert_eq!(g[0].ip, ip);
+            let name = lock_name("macnet", ip);
+            let taken = api.locks.borrow()[&name].clone();
+            assert_eq!(taken.node.as_deref(), Some("n1"));
+            assert!(taken.unconfirmed.is_some(), "{taken:?}");
+            // Its probe heard nobody: the plugin's confirmation.
+            let mut store = n1.store(&api);
+            let plan = crate::engine::plan_confirm(&mut store, &[ip], "c-new1", "net1").unwrap();
+            store.commit(&plan).unwrap();
+            drop(store);
+            if reconcile_first {
+                *api.node_scope.borrow_mut() = None;
+                let mut sweeper = KubeStore::new(&api, "macnet", None, vec![None]);
+                let swept = sweeper.sweep_locks(ORPHAN_LOCK_GRACE_SECS).unwrap();
+                assert_eq!(swept.cleared, vec![ip]);
+                *api.node_scope.borrow_mut() = Some("n1".into());
+            }
+            del(&api, &n1, "c-new1");
+            assert!(api.claims.borrow().is_empty(), "the DEL freed its claim");
+            let left = api.locks.borrow().get(&name).cloned();
+            if reconcile_first {
+                assert_eq!(left, None, "a confirmed lock is freed by its DEL");
+                continue;
+            }
+            let left = left.expect("a marked lock outlives its claim");
+            assert!(left.unconfirmed.is_some(), "{left:?}");
+            // Until it is older than an ADD can take it reserves the
+            // address for its identity (an ADD between a re-key and its
+            // claim looks the same); say the pod ran for an hour.
+            if let Some(l) = api.locks.borrow_mut().get_mut(&name) {
+                l.written = Some(now_secs() - 3600);
+                l.created = now_secs() - 3600;
+            }
+            // Another node's next ADD finds the address taken, and its
+            // exhausted pool's reclaim probes it.
+            let n2 = Node::new();
+            *api.node_scope.borrow_mut() = Some("n2".into());
+            running(&api, "new2", "n2");
+            let r2 = req(&dynamic_key("c-new2", "net1"), false, "new2", "n2");
+            let g = grants_one(&api, &n2.dir, &r2).unwrap();
+            assert_eq!(g[0].ip, ip);
+            assert!(probed(&g[0], &r2), "{g:?}");
+        }
     }
 
     /// Under the node-scope policy a re-key names the node that writes it.
@@ -1765,15 +1930,24 @@ mod tests {
         let ip = tombstone_on_the_only_address(&api, &n3);
         let read = api.locks.borrow()[&lock_name("macnet", ip)].clone();
         *api.node_scope.borrow_mut() = Some("n1".into());
-        let e = api.rekey_lock(&read, "other", Some("n2")).unwrap_err();
+        let judged = Unconfirmed {
+            since: 1,
+            why: "test".into(),
+        };
+        let e = api
+            .rekey_lock(&read, "other", Some("n2"), &judged)
+            .unwrap_err();
         assert!(matches!(e, ApiError::Refused(_)), "{e:?}");
-        let got = api.rekey_lock(&read, "other", Some("n1")).unwrap();
+        let got = api.rekey_lock(&read, "other", Some("n1"), &judged).unwrap();
         assert_eq!(
             (got.identity.as_str(), got.node.as_deref()),
             ("other", Some("n1"))
         );
+        assert!(got.unconfirmed.is_some(), "a re-key marks the lock");
         // At the version read, once: the next one conflicts.
-        let e = api.rekey_lock(&read, "third", Some("n1")).unwrap_err();
+        let e = api
+            .rekey_lock(&read, "third", Some("n1"), &judged)
+            .unwrap_err();
         assert!(matches!(e, ApiError::Conflict(_)), "{e:?}");
     }
 
@@ -1919,6 +2093,7 @@ mod tests {
             created: 1,
             uid: None,
             node: None,
+            unconfirmed: None,
             resource_version: None,
             adoptions: 0,
             written: None,
@@ -1958,10 +2133,10 @@ mod tests {
             .any(|c| c.ip == ip && c.identity == "crashed" && c.holder.is_none()));
         // A fresh lock survives the sweep, an old one does not.
         assert_eq!(
-            store.sweep_orphan_locks(now_secs()).unwrap(),
+            store.sweep_locks(now_secs()).unwrap().freed,
             Vec::<IpAddr>::new()
         );
-        assert_eq!(store.sweep_orphan_locks(60).unwrap(), vec![ip]);
+        assert_eq!(store.sweep_locks(60).unwrap().freed, vec![ip]);
         locks_match(&api);
     }
 
@@ -2015,7 +2190,7 @@ mod tests {
         *api.before.borrow_mut() = Some((format!("delete lock {lock}"), hook));
         // The sweep is reconcile's: no node-local record.
         let mut sweeper = KubeStore::new(&api, "macnet", None, vec![None]);
-        let freed = sweeper.sweep_orphan_locks(60).unwrap();
+        let freed = sweeper.sweep_locks(60).unwrap().freed;
         assert_eq!(adopted.take(), vec![ip], "the ADD adopted the orphan");
         assert_eq!(freed, Vec::<IpAddr>::new(), "the sweep missed the adoption");
         adopted_and_locked(&api, "peer", ip);
@@ -2033,7 +2208,7 @@ mod tests {
         let seen = freed.clone();
         let hook = Box::new(move |api: &FakeApi| {
             let mut sweeper = KubeStore::new(api, "macnet", None, vec![None]);
-            seen.set(sweeper.sweep_orphan_locks(60).unwrap());
+            seen.set(sweeper.sweep_locks(60).unwrap().freed);
         });
         let claim = claim_name("macnet", "peer", Family::V4);
         *api.before.borrow_mut() = Some((format!("create {claim}"), hook));
@@ -2060,6 +2235,7 @@ mod tests {
             created: now_secs() - 3600,
             uid: None,
             node: Some("n1".into()),
+            unconfirmed: None,
             resource_version: None,
             adoptions: 0,
             written: None,
@@ -2067,8 +2243,9 @@ mod tests {
         .unwrap();
         let freed = n1
             .store(&api)
-            .sweep_orphan_locks(ORPHAN_LOCK_GRACE_SECS)
-            .unwrap();
+            .sweep_locks(ORPHAN_LOCK_GRACE_SECS)
+            .unwrap()
+            .freed;
         assert_eq!(freed, Vec::<IpAddr>::new(), "a fresh lock was swept");
         assert_eq!(api.locks.borrow().len(), 1);
     }
