@@ -700,12 +700,21 @@ impl<'a> KubeStore<'a> {
             return;
         };
         let mut targets = Vec::new();
+        let mut kept = BTreeSet::new();
         for after in Self::grants(plan) {
             let prior = local.claim(after.ip).ok().flatten();
+            // The same holder before and after (a confirmation, a re-ADD
+            // rewriting its namespace): its DEL finds the claim either way,
+            // and the entry (stale if the write lands, which its
+            // precondition catches) keeps degraded mode serving the pod
+            // should this write time out.
+            if prior.as_ref().and_then(|p| p.holder.as_ref()) == after.holder.as_ref() {
+                kept.insert(after.ip);
+            }
             self.prior.push((after.ip, prior));
             targets.push((after.ip, Some(after)));
         }
-        for (ip, _) in &targets {
+        for (ip, _) in targets.iter().filter(|(ip, _)| !kept.contains(ip)) {
             self.set_note(*ip, None);
         }
         if !targets.is_empty() {
@@ -2036,6 +2045,30 @@ mod tests {
         del(&api, &n1, "c-a");
         let stored = api.claims.borrow().values().next().cloned().unwrap();
         assert_eq!(stored.claim.holder.unwrap().node, "n2");
+    }
+
+    /// Issue 26 (the review of I7): a confirmation whose write gets no
+    /// answer keeps the node-local cache entry, so the pod's next re-ADD
+    /// while the API is away is still served (probed) in degraded mode.
+    #[test]
+    fn a_confirmation_that_times_out_keeps_the_node_local_cache_entry() {
+        let (api, n1) = (FakeApi::default(), Node::new());
+        running(&api, "a", "n1");
+        let ip = add(&api, Some(&n1), &req("peer", true, "a", "n1")).unwrap()[0];
+        api.pods.borrow_mut().clear();
+        running(&api, "b", "n1");
+        add(&api, Some(&n1), &req("peer", true, "b", "n1")).unwrap();
+        let mut store = n1.store(&api);
+        let plan = crate::engine::plan_confirm(&mut store, &[ip], "c-b", "net1").unwrap();
+        assert_eq!(plan.changes.len(), 1, "the takeover is marked: {plan:?}");
+        *api.before.borrow_mut() = Some((
+            "replace".into(),
+            Box::new(|api: &FakeApi| api.unreachable.set(true)),
+        ));
+        let e = store.commit(&plan).unwrap_err();
+        assert!(matches!(e, StoreError::Unreachable(_)), "{e:?}");
+        let local = store.into_local().unwrap();
+        assert!(confirmed_locally(&local, ip), "the cache entry was dropped");
     }
 
     #[test]
