@@ -54,28 +54,40 @@ fn labels_match(labels: BTreeMap<String, String>, selector: &str) -> bool {
 /// matched, as reconcile and operators are not): NEXT is the lock a write
 /// leaves, None for a delete. A node deletes only its own unmarked locks,
 /// names only itself, marks a lock it takes from another node, and never
-/// drops a mark. Locks made before 0.2.0 name no node and are not covered.
+/// drops a mark (the mark rules hold for node-less locks made before
+/// 0.2.0 too, as in the YAML).
 fn lock_scope(
     scope: Option<&str>,
     name: &str,
     cur: &LockObject,
     next: Option<&LockObject>,
 ) -> ApiResult<()> {
-    let (Some(me), Some(theirs)) = (scope, cur.node.as_deref()) else {
+    let Some(me) = scope else {
         return Ok(());
     };
+    let theirs = cur.node.as_deref().filter(|n| *n != me);
     let refused = match next {
-        None if theirs != me => Some(format!(
-            "a node deletes only its own locks (made on {theirs})"
-        )),
-        None if cur.unconfirmed.is_some() => Some("it is marked unconfirmed".to_string()),
-        None => None,
-        Some(next) if next.node.as_deref() != Some(me) => {
+        None => match theirs {
+            Some(theirs) => Some(format!(
+                "a node deletes only its own locks (made on {theirs})"
+            )),
+            None if cur.unconfirmed.is_some() => Some("it is marked unconfirmed".to_string()),
+            None => None,
+        },
+        Some(next)
+            if next.node.as_deref() != Some(me) && (next.node.is_some() || cur.node.is_some()) =>
+        {
             Some(format!("a node names only itself, not {:?}", next.node))
         }
-        Some(next) if theirs != me && next.unconfirmed.is_none() => Some(format!(
-            "taking it over from node {theirs} requires spec.unconfirmed"
-        )),
+        Some(next)
+            if theirs.is_some()
+                && next.node.as_deref() == Some(me)
+                && next.unconfirmed.is_none() =>
+        {
+            Some(format!(
+                "taking it over from node {theirs:?} requires spec.unconfirmed"
+            ))
+        }
         Some(next) if cur.unconfirmed.is_some() && next.unconfirmed.is_none() => {
             Some("a node may not drop spec.unconfirmed".to_string())
         }

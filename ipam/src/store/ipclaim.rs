@@ -423,18 +423,15 @@ impl<'a> KubeStore<'a> {
     ///   exhausted pool reclaims with a probe, see `orphan_claim`).
     ///
     /// The error is returned and the plan made again.
-    fn rekey(&mut self, before: &Claim, after: &Claim, node: Option<&str>) -> StoreResult<()> {
+    /// The lock on BEFORE's address as last read, or as much of it as the
+    /// node-local cache knows (its UID: the client then reads the version
+    /// to write at); a conflict when none of BEFORE's identity is known.
+    fn lock_read(&self, before: &Claim) -> StoreResult<LockObject> {
         let ip = before.ip;
-        let orphan = self.orphans.get(&ip).cloned();
-        let rv = match orphan {
-            Some(_) => None,
-            None => Some(self.version_of(ip)?),
-        };
-        let read = orphan
-            .or_else(|| self.locks_read.get(&ip).cloned())
+        self.locks_read
+            .get(&ip)
+            .cloned()
             .or_else(|| {
-                // Only its UID is known (the node-local cache): the client
-                // reads the version to write at.
                 self.lock_uids.get(&ip).map(|uid| LockObject {
                     network: self.network.clone(),
                     ip,
@@ -454,7 +451,58 @@ impl<'a> KubeStore<'a> {
                     "no lock of identity {:?} read on {ip}: planning again",
                     before.identity
                 ))
-            })?;
+            })
+    }
+
+    /// A takeover of another node's claim at the same address takes its
+    /// lock first (one re-key to the same identity, naming this node,
+    /// marked): a lock left naming the old node, unmarked, would be that
+    /// node's to delete under the live claim (I14). Before the claim, so
+    /// a failure leaves the old holder's claim under a marked lock.
+    fn follow_takeover(&mut self, before: &Claim, after: &Claim) -> StoreResult<()> {
+        let (Some(theirs), Some(mine)) = (before.holder_node(), after.holder_node()) else {
+            return Ok(());
+        };
+        let Some(judged) = after.unconfirmed.as_ref().filter(|_| theirs != mine) else {
+            return Ok(());
+        };
+        let read = match self.lock_read(before) {
+            Ok(read) => read,
+            // A claim made before locks named their claims' UIDs.
+            Err(_) => match self
+                .api
+                .get_lock(&lock_name(&self.network, before.ip))
+                .map_err(StoreError::from)?
+            {
+                Some(l) if l.identity == before.identity => l,
+                _ => return Ok(()),
+            },
+        };
+        if read.node.as_deref() == Some(mine) && read.unconfirmed.is_some() {
+            return Ok(());
+        }
+        let taken = self
+            .api
+            .rekey_lock(&read, &before.identity, Some(mine), judged)
+            .map_err(StoreError::from)?;
+        if let Some(uid) = &taken.uid {
+            self.lock_uids.insert(before.ip, uid.clone());
+        }
+        self.locks_read.insert(before.ip, taken);
+        Ok(())
+    }
+
+    fn rekey(&mut self, before: &Claim, after: &Claim, node: Option<&str>) -> StoreResult<()> {
+        let ip = before.ip;
+        let orphan = self.orphans.get(&ip).cloned();
+        let rv = match orphan {
+            Some(_) => None,
+            None => Some(self.version_of(ip)?),
+        };
+        let read = match orphan {
+            Some(orphan) => orphan,
+            None => self.lock_read(before)?,
+        };
         let judged = after
             .unconfirmed
             .clone()
@@ -534,6 +582,7 @@ impl<'a> KubeStore<'a> {
                     return self.create(after);
                 }
                 let rv = self.version_of(before.ip)?;
+                self.follow_takeover(before, after)?;
                 let obj = self
                     .api
                     .replace_claim(&self.object(after, Some(rv)))
@@ -805,18 +854,34 @@ impl<'a> KubeStore<'a> {
                 Err(e) => return Err(e.into()),
             }
         }
-        let confirmed: Vec<LockObject> = listing
+        // A mark is stale once the claim naming the address is confirmed
+        // and held on the node the lock names: a lock another node renamed
+        // itself onto keeps its mark, so that node can never delete it.
+        let confirmed = |c: &Claim, l: &LockObject| {
+            c.unconfirmed.is_none()
+                && c.ip == l.ip
+                && c.identity == l.identity
+                && c.holder_node().is_some()
+                && c.holder_node() == l.node.as_deref()
+        };
+        let stale: Vec<LockObject> = listing
             .claims
             .iter()
-            .filter(|c| c.unconfirmed.is_none() && !self.orphans.contains_key(&c.ip))
+            .filter(|c| !self.orphans.contains_key(&c.ip))
             .filter_map(|c| {
                 self.locks_read
                     .get(&c.ip)
-                    .filter(|l| l.identity == c.identity && l.unconfirmed.is_some())
+                    .filter(|l| l.unconfirmed.is_some() && confirmed(c, l))
                     .cloned()
             })
             .collect();
-        for lock in confirmed {
+        for lock in stale {
+            // The claim as it is now, not as listed: a takeover since marks it.
+            let name = claim_name(&self.network, &lock.identity, Family::of(lock.ip));
+            let now = self.api.get_claim(&name).map_err(StoreError::from)?;
+            if !now.is_some_and(|o| confirmed(&o.claim, &lock)) {
+                continue;
+            }
             match self.api.clear_lock_mark(&lock) {
                 Ok(_) => swept.cleared.push(lock.ip),
                 Err(ApiError::Conflict(_)) => {}
@@ -1533,9 +1598,10 @@ mod tests {
     }
 
     #[test]
-    fn a_takeover_and_its_confirmation_cost_four_requests() {
+    fn a_takeover_from_another_node_and_its_confirmation_cost_five_requests() {
         // Found by review: the confirmation read the claim through its lock
-        // (two GETs) instead of the cache the ADD had just written.
+        // (two GETs) instead of the cache the ADD had just written. The
+        // lock is taken along (I14), before the claim: one request more.
         let api = FakeApi::default();
         let (n1, n2) = (Node::new(), Node::new());
         running(&api, "rs0-0", "n1");
@@ -1555,7 +1621,11 @@ mod tests {
         });
         assert_eq!(confirm.len(), 1, "one write: {confirm:?}");
         calls.extend(confirm);
-        assert_eq!(calls.len(), 4, "{calls:?}");
+        assert_eq!(calls.len(), 5, "{calls:?}");
+        assert!(
+            calls[2].starts_with("rekey lock ") && calls[3].starts_with("replace "),
+            "{calls:?}"
+        );
         let held = api.claims.borrow().values().next().unwrap().claim.clone();
         assert!(held.unconfirmed.is_none() && held.held_by(&r.holder.container_id, "net1"));
     }
@@ -1867,6 +1937,60 @@ mod tests {
             lock.unconfirmed.is_some() && lock.node.as_deref() == Some("n2"),
             "{lock:?}"
         );
+        locks_match(&api);
+    }
+
+    /// Issue 26 item 6, found by the review of its fix: a node that
+    /// renames itself onto the lock of another node's live claim keeps it
+    /// marked through reconcile (the mark clears only for the node holding
+    /// the claim), and a sticky identity taken over on another node takes
+    /// its lock along, so the old node never has an unmarked lock to delete.
+    #[test]
+    fn no_node_is_left_a_deletable_lock_under_another_nodes_live_claim() {
+        let (api, n2) = (FakeApi::default(), Node::new());
+        *api.node_scope.borrow_mut() = Some("n2".into());
+        running(&api, "db-0", "n2");
+        let ip = add(&api, Some(&n2), &req("db", true, "db-0", "n2")).unwrap()[0];
+        let name = lock_name("macnet", ip);
+        // n1 renames itself onto n2's lock (allowed only marked).
+        *api.node_scope.borrow_mut() = Some("n1".into());
+        let theirs = api.locks.borrow()[&name].clone();
+        let renamed = api.adopt_lock(&theirs, Some("n1")).unwrap();
+        assert!(renamed.unconfirmed.is_some(), "{renamed:?}");
+        *api.node_scope.borrow_mut() = None;
+        let mut sweeper = KubeStore::new(&api, "macnet", None, vec![None]);
+        let swept = sweeper.sweep_locks(ORPHAN_LOCK_GRACE_SECS).unwrap();
+        assert_eq!(
+            swept,
+            LockSweep::default(),
+            "reconcile cleared the renamer's mark"
+        );
+        *api.node_scope.borrow_mut() = Some("n1".into());
+        let uid = renamed.uid.clone().unwrap();
+        let e = api.delete_lock(&name, &uid, None).unwrap_err();
+        assert!(matches!(e, ApiError::Refused(_)), "{e:?}");
+
+        // db-0 moves to n1 (its pod on n2 gone): n1's takeover takes the
+        // lock along, marked, so n2 has nothing of its own to delete.
+        let (api, n1, n2) = (FakeApi::default(), Node::new(), Node::new());
+        *api.node_scope.borrow_mut() = Some("n2".into());
+        running(&api, "db-0", "n2");
+        let ip = add(&api, Some(&n2), &req("db", true, "db-0", "n2")).unwrap()[0];
+        api.pods.borrow_mut().clear();
+        *api.node_scope.borrow_mut() = Some("n1".into());
+        running(&api, "db-0b", "n1");
+        assert_eq!(
+            add(&api, Some(&n1), &req("db", true, "db-0b", "n1")).unwrap(),
+            vec![ip]
+        );
+        let lock = api.locks.borrow()[&lock_name("macnet", ip)].clone();
+        assert_eq!(lock.node.as_deref(), Some("n1"), "{lock:?}");
+        assert!(lock.unconfirmed.is_some(), "{lock:?}");
+        *api.node_scope.borrow_mut() = Some("n2".into());
+        let e = api
+            .delete_lock(&lock_name("macnet", ip), lock.uid.as_deref().unwrap(), None)
+            .unwrap_err();
+        assert!(matches!(e, ApiError::Refused(_)), "{e:?}");
         locks_match(&api);
     }
 

@@ -120,9 +120,7 @@ fn churn(
 /// Section 4a, on the real kube-apiserver: requests per operation from its
 /// audit log.
 pub fn requests(suite: &mut Suite, topo: &mut Topology, api: &KubeApi) {
-    use sticky_e2e::requests::{
-        median_max, per_operation, FRESH_STATEFUL, FRESH_STATEFUL_WHY, TARGETS,
-    };
+    use sticky_e2e::requests::{allowance, median_max, per_operation, TARGETS};
     let samples = 15;
     let confs = [
         conf(topo, &kube_store(topo, api, 0), 0),
@@ -155,11 +153,7 @@ pub fn requests(suite: &mut Suite, topo: &mut Topology, api: &KubeApi) {
                 &format!("API requests (real kube-apiserver), {case} <= {t}"),
                 max.to_string(),
                 max > 0 && max <= t,
-                if *case == FRESH_STATEFUL {
-                    FRESH_STATEFUL_WHY
-                } else {
-                    "see the breakdown in table 4a"
-                },
+                allowance(case).1,
             );
         }
     }
