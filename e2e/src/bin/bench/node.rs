@@ -215,13 +215,46 @@ fn add_as(suite: &Suite, topo: &mut Topology, conf: &Value, id: &str, tag: &str)
     (ms(reply.elapsed), pod.netns)
 }
 
+/// A pool of one address: a dynamic ADD takes it, a CNI GC that lists no
+/// attachment releases it (a judgement: the address stays a tombstone), its
+/// netns goes, and the ADD measured is the next pod's, which can only reclaim
+/// the tombstone. Returns that ADD's ms and its netns.
+fn judged_reallocation(
+    suite: &Suite,
+    topo: &mut Topology,
+    conf: &Value,
+    seq: usize,
+) -> (f64, String) {
+    let one = format!("{}.10", sticky_e2e::SUBNET_PREFIX);
+    let mut conf = conf.clone();
+    conf["cniVersion"] = json!("1.1.0");
+    conf["ipam"]["rangeStart"] = json!(one);
+    conf["ipam"]["rangeEnd"] = json!(one);
+    let first = format!("pg{seq}");
+    let old = topo.add_pod(&first);
+    exec(&suite.ours, "ADD", &old.path, &conf, &first, &first);
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([]);
+    CniCall::new(&suite.ours, "", "GC", gc)
+        .netns("")
+        .run()
+        .expect_ok();
+    topo.delete_netns(&old.netns);
+    let next = format!("ph{seq}");
+    let pod = topo.add_pod(&next);
+    let reply = exec(&suite.ours, "ADD", &pod.path, &conf, &next, &next);
+    (ms(reply.elapsed), pod.netns)
+}
+
 /// Section 7: what the wire check adds, on the file store (node-local:
 /// every sticky grant is probed), with the default probe against
 /// `probe.riskDuplicateAddresses`: a sticky identity's first ADD on this
 /// node, its re-ADD after its DEL (a pod restart), a takeover from a holder
 /// whose netns is gone (nobody answers, so the probe runs its full course),
-/// a dynamic allocation (not probed: host-local's contract), and how soon
-/// a refusal comes when a live holder does answer.
+/// a dynamic allocation (not probed: host-local's contract), a dynamic
+/// allocation of the one address a CNI GC freed by judgement (probed since
+/// I7: a judgement never proves an address free), and how soon a refusal
+/// comes when a live holder does answer.
 pub fn probe_cost(suite: &mut Suite, topo: &mut Topology) {
     let n = if suite.opts.quick {
         2
@@ -239,6 +272,7 @@ pub fn probe_cost(suite: &mut Suite, topo: &mut Topology) {
         ReAdd,
         Takeover,
         Dynamic,
+        Judged,
     }
     let mut seq = 0usize;
     for (label, case) in [
@@ -246,6 +280,10 @@ pub fn probe_cost(suite: &mut Suite, topo: &mut Topology) {
         ("sticky re-ADD after its DEL (pod restart)", Case::ReAdd),
         ("takeover (old holder's netns gone)", Case::Takeover),
         ("dynamic allocation (not probed)", Case::Dynamic),
+        (
+            "dynamic allocation of an address CNI GC freed (probed: a judgement)",
+            Case::Judged,
+        ),
     ] {
         let (mut with, mut without) = (Vec::new(), Vec::new());
         for _ in 0..n {
@@ -282,6 +320,7 @@ pub fn probe_cost(suite: &mut Suite, topo: &mut Topology) {
                         topo.delete_netns(&old);
                         add_as(suite, topo, &conf, &id, &format!("pn{seq}"))
                     }
+                    Case::Judged => judged_reallocation(suite, topo, &conf, seq),
                 };
                 topo.delete_netns(&netns);
                 out.push(ms);
