@@ -109,7 +109,7 @@ build_images() {
 
 # The previous release, for the upgrade test: its source from this
 # repository's history, built as it built itself (cargo build --release,
-# the image tagged as its examples/daemonset.yaml names it), and its
+# the image tagged as its deploy/40-daemonset.yaml names it), and its
 # manifests exactly as it shipped them, in $B/previous/examples. 0.1.0 is
 # the last commit before issue 17 (Events, conditions, retention,
 # node-bound tokens, node scope): what a user who adopted us on 2026-12-04

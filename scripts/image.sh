@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The release: sticky-macvlan and sticky-ipam built for any x86_64 Linux
 # with glibc 2.28 or later (RHEL 8, Ubuntu 20.04, Debian 10 and newer), and
-# the OCI image examples/daemonset.yaml and examples/reconcile-deployment.yaml
+# the OCI image deploy/40-daemonset.yaml and deploy/optional/reconcile-deployment.yaml
 # name, packed without a registry or a container engine.
 #
 #   scripts/image.sh [--out DIR]

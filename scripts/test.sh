@@ -25,7 +25,7 @@ if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
         python3 -m pip install -q --root-user-action=ignore --break-system-packages kubernetes-validate==1.37.0
 fi
 # As a module: a fresh pyenv may not have a shim for the script yet.
-python3 -m kubernetes_validate --strict --quiet examples/*.yaml
+python3 -m kubernetes_validate --strict --quiet deploy/*.yaml deploy/optional/*.yaml examples/*.yaml
 
 cargo fmt --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -2,7 +2,7 @@
 //! behind a management bridge, and the objects kubelet and the controllers
 //! would create (nodes, pods, StatefulSets). `start_api` runs the real one,
 //! etcd and kube-apiserver from the local cluster's build
-//! (scripts/cluster.sh build), with RBAC and examples/rbac.yaml's
+//! (scripts/cluster.sh build), with RBAC and deploy/20-rbac.yaml's
 //! ClusterRole bound to the plugins' token; no controller or kubelet runs,
 //! so each scenario plays them by writing objects as they would (a pod
 //! bound to a node, its status, a taint). `start_standin` runs our
@@ -22,7 +22,7 @@ use crate::{ip, target_dir, Topology};
 
 pub const API_ADDR: &str = "192.168.254.1";
 pub const API_PORT: u16 = 6443;
-/// The static token of the plugins' user, bound to examples/rbac.yaml's
+/// The static token of the plugins' user, bound to deploy/20-rbac.yaml's
 /// ClusterRole through its group.
 const PLUGIN_TOKEN: &str = "e2e-token";
 const PLUGIN_USER: &str = "sticky-macvlan-e2e-node";
@@ -211,7 +211,7 @@ impl Topology {
     }
 
     /// The real API server: etcd and kube-apiserver in the API netns, the
-    /// IPClaim CRD installed and examples/rbac.yaml's ClusterRole bound to
+    /// IPClaim CRD installed and deploy/20-rbac.yaml's ClusterRole bound to
     /// the plugins' token.
     pub fn start_api(&mut self) -> KubeApi {
         let etcd_bin = cluster_binary("etcd");
@@ -402,15 +402,15 @@ impl Topology {
 /// trust store, as it does on a real node.
 pub const STANDIN_CA: &str = include_str!("../standin-ca.pem");
 
-/// The node plugin's ClusterRole, as examples/rbac.yaml defines it.
+/// The node plugin's ClusterRole, as deploy/20-rbac.yaml defines it.
 pub fn plugin_cluster_role() -> Value {
-    example_doc("rbac.yaml", "ClusterRole", "sticky-macvlan")
+    deploy_doc("20-rbac.yaml", "ClusterRole", "sticky-macvlan")
 }
 
-/// The object of KIND named NAME in examples/FILE.
-pub fn example_doc(file: &str, kind: &str, name: &str) -> Value {
+/// The object of KIND named NAME in deploy/FILE (the install set).
+pub fn deploy_doc(file: &str, kind: &str, name: &str) -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples")
+        .join("../deploy")
         .join(file);
     let text =
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
@@ -418,7 +418,7 @@ pub fn example_doc(file: &str, kind: &str, name: &str) -> Value {
         .unwrap_or_else(|e| panic!("parse {}: {e}", path.display()));
     docs.into_iter()
         .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
-        .unwrap_or_else(|| panic!("examples/{file} has no {kind} {name}"))
+        .unwrap_or_else(|| panic!("deploy/{file} has no {kind} {name}"))
 }
 
 /// A kubeconfig as `sticky-macvlan install` writes it (the stand-in
@@ -493,7 +493,7 @@ impl KubeApi {
     /// `authentication.kubernetes.io/node-name` extra); without, as a
     /// token that names no node (its credential ID only, as an unbound
     /// or secret-bound token carries). The account is given the plugins' group,
-    /// so examples/rbac.yaml's ClusterRole applies.
+    /// so deploy/20-rbac.yaml's ClusterRole applies.
     #[track_caller]
     pub fn request_as_plugin(
         &self,

@@ -142,16 +142,15 @@ impl LocalCluster {
         );
     }
 
-    /// A file of examples/, as the README tells a user to apply it.
-    pub fn apply_example(&self, name: &str) {
-        let path = self.examples_dir().join(name);
-        self.kubectl(&["apply", "-f", &path.to_string_lossy()]);
+    /// A sample of examples/ (a NAD or a workload), as text.
+    pub fn example(&self, name: &str) -> String {
+        read_manifest(&self.examples_dir().join(name))
     }
 
-    pub fn example(&self, name: &str) -> String {
-        let path = self.examples_dir().join(name);
-        std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+    /// A file of deploy/ (the install set; `optional/...` for the reconcile
+    /// Deployment), as text.
+    pub fn deploy_file(&self, name: &str) -> String {
+        read_manifest(&self.root.join("deploy").join(name))
     }
 
     /// scripts/cluster.sh ARGS (crash, restart, cut, heal).
@@ -417,30 +416,44 @@ impl LocalCluster {
             .unwrap_or_else(|_| "thin".into())
     }
 
-    /// Installs sticky-macvlan as the README tells a user to: the CRD, the
-    /// RBAC, the node-scope policy and the DaemonSet from examples/, then
-    /// waits until every node's installer has run.
+    /// Installs sticky-macvlan as the README tells a user to
+    /// (`kubectl apply -f deploy/`: the CRDs, the RBAC, the node-scope
+    /// policy and the DaemonSet), then waits until every node's installer
+    /// has run.
     pub fn install(&self) {
-        self.install_release(&self.examples_dir());
+        self.install_release(&self.install_set());
     }
 
-    /// This release's examples/.
+    /// This release's examples/ (NADs and workloads).
     pub fn examples_dir(&self) -> PathBuf {
         self.root.join("examples")
     }
 
-    /// The same from the manifests in DIR (a release's examples/), then
-    /// waits for the DaemonSet's rollout to reach every node.
-    pub fn install_release(&self, dir: &Path) {
-        self.apply_release(dir);
+    /// This release's install set: the files directly in deploy/, in the
+    /// order their numeric prefixes give (the order `kubectl apply -f
+    /// deploy/` applies them in); deploy/optional/ is not part of it.
+    pub fn install_set(&self) -> Vec<PathBuf> {
+        let dir = self.root.join("deploy");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// The same from MANIFESTS (a release's install set), then waits for
+    /// the DaemonSet's rollout to reach every node.
+    pub fn install_release(&self, manifests: &[PathBuf]) {
+        self.apply_release(manifests);
         self.wait_rolled_out();
     }
 
-    /// Applies the release manifests in DIR, in the README's order; a file
-    /// the release did not ship is skipped.
-    pub fn apply_release(&self, dir: &Path) {
-        for file in RELEASE_MANIFESTS {
-            let path = dir.join(file);
+    /// Applies MANIFESTS in order; a file the release did not ship is
+    /// skipped.
+    pub fn apply_release(&self, manifests: &[PathBuf]) {
+        for path in manifests {
             if path.exists() {
                 self.kubectl(&["apply", "-f", &path.to_string_lossy()]);
             }
@@ -451,8 +464,7 @@ impl LocalCluster {
     /// for the tests after it; a cleanup, so failures are reported, not
     /// raised.
     pub fn restore_install(&self) {
-        for file in RELEASE_MANIFESTS {
-            let path = self.examples_dir().join(file);
+        for path in self.install_set() {
             if let Err(e) = self.try_kubectl(&["apply", "-f", &path.to_string_lossy()]) {
                 eprintln!("cleanup: kubectl apply -f {}: {e}", path.display());
             }
@@ -537,8 +549,7 @@ impl LocalCluster {
     /// on the nodes, as after a user's `kubectl delete`); deleting the CRDs
     /// deletes every IPClaim and IPLock.
     pub fn uninstall(&self) {
-        for file in RELEASE_MANIFESTS.iter().rev() {
-            let path = self.examples_dir().join(file);
+        for path in self.install_set().iter().rev() {
             self.kubectl(&[
                 "delete",
                 "--ignore-not-found",
@@ -591,6 +602,10 @@ impl LocalCluster {
         PreviousRelease {
             version: words.next().unwrap_or_default().to_string(),
             image: words.next().unwrap_or_default().to_string(),
+            manifests: PREVIOUS_RELEASE_MANIFESTS
+                .iter()
+                .map(|f| dir.join("examples").join(f))
+                .collect(),
             examples: dir.join("examples"),
         }
     }
@@ -603,8 +618,10 @@ impl LocalCluster {
     }
 }
 
-/// examples/ files that install sticky-macvlan, in the README's order.
-const RELEASE_MANIFESTS: [&str; 4] = [
+/// The files of the previous release's examples/ that installed it, in its
+/// README's order (0.1.0 kept its install set in examples/; this release's
+/// is deploy/).
+const PREVIOUS_RELEASE_MANIFESTS: [&str; 4] = [
     "ipclaim-crd.yaml",
     "rbac.yaml",
     "node-scope-policy.yaml",
@@ -612,10 +629,11 @@ const RELEASE_MANIFESTS: [&str; 4] = [
 ];
 
 /// A release built from history: its version, the image its DaemonSet
-/// names (imported into every node) and its examples/.
+/// names (imported into every node), its install set and its examples/.
 pub struct PreviousRelease {
     pub version: String,
     pub image: String,
+    pub manifests: Vec<PathBuf>,
     pub examples: PathBuf,
 }
 
@@ -654,6 +672,10 @@ pub fn parse_ip_o_addr(out: &str) -> BTreeSet<IpAddr> {
             words.next()?.split('/').next()?.parse().ok()
         })
         .collect()
+}
+
+fn read_manifest(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::{json, Value};
-use sticky_e2e::kube_api::{example_doc, plugin_cluster_role, KubeApi, PLUGIN_GROUP};
+use sticky_e2e::kube_api::{deploy_doc, plugin_cluster_role, KubeApi, PLUGIN_GROUP};
 use sticky_e2e::{configs, ip, our_plugin, Topology};
 
 struct Doctor {
@@ -165,10 +165,10 @@ fn doctor_passes_a_healthy_node_and_finds_every_planted_fault_with_its_fix() {
     .expect("a config");
     let conf_dir = conf_dir.display().to_string();
     // The installer DaemonSet and the Role that lets a node read it, as
-    // examples/ has them (no controller runs, so its status stays empty).
+    // deploy/ has them (no controller runs, so its status stays empty).
     api.create(
         "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/roles",
-        example_doc("rbac.yaml", "Role", "sticky-macvlan-installer"),
+        deploy_doc("20-rbac.yaml", "Role", "sticky-macvlan-installer"),
     );
     api.create(
         "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/rolebindings",
@@ -177,7 +177,7 @@ fn doctor_passes_a_healthy_node_and_finds_every_planted_fault_with_its_fix() {
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "sticky-macvlan-installer"},
                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": PLUGIN_GROUP}]}),
     );
-    let daemonset = example_doc("daemonset.yaml", "DaemonSet", "sticky-macvlan");
+    let daemonset = deploy_doc("40-daemonset.yaml", "DaemonSet", "sticky-macvlan");
     api.create("/apis/apps/v1/namespaces/kube-system/daemonsets", daemonset);
     let uplink = topo.node(0).uplink.clone();
     let good = network(&topo, &api, "good.json", &api.kubeconfig, &uplink);
@@ -245,7 +245,7 @@ fn doctor_passes_a_healthy_node_and_finds_every_planted_fault_with_its_fix() {
     run(base(&cfg)).finds(
         "rbac",
         "may not: delete iplocks.sticky-macvlan.io",
-        "examples/rbac.yaml",
+        "deploy/20-rbac.yaml",
     );
 
     // 4. The master is down; 5. the master is a bridge's port.

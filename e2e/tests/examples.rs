@@ -1,33 +1,88 @@
-//! The manifests in examples/ are what users apply: every NAD's config is
-//! accepted by the plugin's own parser, the CRD is the one the code
-//! generates, and the RBAC grants what the kube client calls and no more.
-//! (scripts/test.sh also validates them against the Kubernetes schemas.)
+//! The manifests users apply: the install set in deploy/ (and
+//! deploy/optional/), the NADs and workloads in examples/. Every NAD's
+//! config is accepted by the plugin's own parser, the CRD is the one the
+//! code generates, and the RBAC grants what the kube client calls and no
+//! more. (scripts/test.sh also validates them against the Kubernetes
+//! schemas.)
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-fn examples() -> Vec<(PathBuf, Vec<Value>)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+const MANIFEST_DIRS: [&str; 3] = ["deploy", "deploy/optional", "examples"];
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.expect("entry").path())
+        .filter(|p| p.extension().and_then(|e| e.to_str()) == Some("yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn manifests() -> Vec<(PathBuf, Vec<Value>)> {
     let mut out = Vec::new();
-    for entry in std::fs::read_dir(&dir).expect("examples/") {
-        let path = entry.expect("entry").path();
-        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
-            continue;
+    for dir in MANIFEST_DIRS {
+        for path in yaml_files(&repo().join(dir)) {
+            let text = std::fs::read_to_string(&path).expect("read manifest");
+            let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            out.push((path, docs));
         }
-        let text = std::fs::read_to_string(&path).expect("read example");
-        let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        out.push((path, docs));
     }
-    assert!(out.len() >= 10, "examples are missing: {}", out.len());
+    assert!(out.len() >= 13, "manifests are missing: {}", out.len());
     out
+}
+
+/// deploy/ is what `kubectl apply -f deploy/` installs, and kubectl applies
+/// a directory's files in name order: the CRDs before anything that names
+/// them, the RBAC before the DaemonSet that runs under it. examples/ holds
+/// no part of the install.
+#[test]
+fn deploy_holds_the_install_set_in_apply_order() {
+    let kinds = |path: &Path| -> Vec<String> {
+        let text = std::fs::read_to_string(path).expect("read manifest");
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("parse manifest");
+        docs.iter()
+            .map(|d| d["kind"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    let order: Vec<Vec<String>> = yaml_files(&repo().join("deploy"))
+        .iter()
+        .map(|p| kinds(p))
+        .collect();
+    let first = |kind: &str| order.iter().position(|k| k.iter().any(|x| x == kind));
+    let (crd, role, policy, daemonset) = (
+        first("CustomResourceDefinition").expect("deploy/ has the CRDs"),
+        first("ClusterRole").expect("deploy/ has the RBAC"),
+        first("ValidatingAdmissionPolicy").expect("deploy/ has the node-scope policy"),
+        first("DaemonSet").expect("deploy/ has the DaemonSet"),
+    );
+    assert!(
+        crd < policy && role < daemonset && policy < daemonset,
+        "deploy/ applies out of order: {order:?}"
+    );
+    for path in yaml_files(&repo().join("examples")) {
+        for kind in kinds(&path) {
+            assert!(
+                ["NetworkAttachmentDefinition", "StatefulSet", "Deployment", "Service", "ConfigMap"]
+                    .contains(&kind.as_str()),
+                "{}: a {kind} is part of the install, move it to deploy/",
+                path.display()
+            );
+        }
+    }
 }
 
 #[test]
 fn every_nad_config_is_accepted() {
     let mut nads = 0;
-    for (path, docs) in examples() {
+    for (path, docs) in manifests() {
         for doc in docs
             .iter()
             .filter(|d| d["kind"] == "NetworkAttachmentDefinition")
@@ -58,7 +113,7 @@ fn the_manifests_name_the_image_the_script_builds() {
     .expect("scripts/image.sh");
     assert!(script.contains("tag=localhost/sticky-macvlan:$version"));
     let mut named = 0;
-    for (path, docs) in examples() {
+    for (path, docs) in manifests() {
         for doc in &docs {
             let containers = doc["spec"]["template"]["spec"]["containers"]
                 .as_array()
@@ -78,23 +133,23 @@ fn the_manifests_name_the_image_the_script_builds() {
 
 #[test]
 fn the_crd_is_the_generated_one() {
-    let (_, docs) = examples()
+    let (_, docs) = manifests()
         .into_iter()
         .find(|(p, _)| p.ends_with("ipclaim-crd.yaml"))
-        .expect("examples/ipclaim-crd.yaml");
+        .expect("deploy/10-ipclaim-crd.yaml");
     assert_eq!(
         docs,
         sticky_ipam::kube::crd::definitions(),
-        "regenerate it: sticky-macvlan crd > examples/ipclaim-crd.yaml"
+        "regenerate it: sticky-macvlan crd > deploy/10-ipclaim-crd.yaml"
     );
 }
 
 #[test]
 fn rbac_is_least_privilege() {
-    let (_, docs) = examples()
+    let (_, docs) = manifests()
         .into_iter()
         .find(|(p, _)| p.ends_with("rbac.yaml"))
-        .expect("examples/rbac.yaml");
+        .expect("deploy/20-rbac.yaml");
     let rules = |role: &str| -> Vec<(String, String, Vec<String>)> {
         let doc = docs
             .iter()
@@ -133,7 +188,7 @@ fn rbac_is_least_privilege() {
     assert_eq!(
         kube_calls_in_the_client(),
         granted,
-        "examples/rbac.yaml and ipam/src/kube/client.rs disagree"
+        "deploy/20-rbac.yaml and ipam/src/kube/client.rs disagree"
     );
     assert_eq!(
         rules("sticky-macvlan"),
@@ -167,7 +222,7 @@ fn rbac_is_least_privilege() {
     role.sort();
     assert_eq!(
         table, role,
-        "kube::PLUGIN_ACCESS and examples/rbac.yaml disagree"
+        "kube::PLUGIN_ACCESS and deploy/20-rbac.yaml disagree"
     );
     // reconcile never creates claims.
     let reconcile = rules("sticky-macvlan-reconcile");

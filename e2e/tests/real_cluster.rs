@@ -2,7 +2,7 @@
 //! `scripts/cluster.sh` (kube-apiserver v1.36 on etcd 3.6, the
 //! controller-manager, the scheduler, kubelets with containerd 2.4 and
 //! runc, Multus 4.2 thin). sticky-macvlan is installed the way the README
-//! tells a user to (examples/ applied with kubectl); every assertion reads
+//! tells a user to (deploy/ applied with kubectl); every assertion reads
 //! what the cluster says: the pods (their own `ip` output, by exec), the
 //! IPClaims, the events, and pings from the router netns on the fabric.
 //!
@@ -740,7 +740,7 @@ fn arp_answerers(addr: IpAddr) -> BTreeSet<String> {
 #[test]
 fn a_split_brain_stays_refused_while_the_reconcile_deployment_releases_the_claim() {
     // Issue 26 item 1, as a user runs it: the IPv4-only StatefulSet
-    // network of examples/ and the reconcile Deployment of examples/ (a 5 s
+    // network of examples/ and the reconcile Deployment of deploy/optional/ (a 5 s
     // interval instead of 60 s, so that it sweeps many times in the window).
     // While the old db-0 still answers on the fabric, reconcile judges it
     // dead and releases its claim; the replacement's next retry must still
@@ -1901,7 +1901,7 @@ fn dels_that_never_arrive_are_swept_by_the_reconcile_deployment() {
         on_other.len()
     );
 
-    // The reconcile Deployment of examples/, as shipped except a shorter
+    // The reconcile Deployment of deploy/optional/, as shipped except a shorter
     // interval (the test's only change), frees exactly those.
     let live_before: BTreeSet<IpAddr> = c
         .bound_claims(network)
@@ -1934,14 +1934,14 @@ fn dels_that_never_arrive_are_swept_by_the_reconcile_deployment() {
     drop(guard);
 }
 
-/// The reconcile Deployment of examples/, as shipped except a shorter
+/// The reconcile Deployment of deploy/optional/, as shipped except a shorter
 /// interval; deleted on drop, also when the test fails, so no later
 /// scenario meets a sweep it did not ask for.
 struct ReconcileDeployment<'a>(&'a LocalCluster);
 
 impl<'a> ReconcileDeployment<'a> {
     fn every(c: &'a LocalCluster, secs: u32) -> ReconcileDeployment<'a> {
-        c.apply(&c.example("reconcile-deployment.yaml").replace(
+        c.apply(&c.deploy_file("optional/reconcile-deployment.yaml").replace(
             "\"--interval\", \"60\"",
             &format!("\"--interval\", \"{secs}\""),
         ));
@@ -2683,7 +2683,7 @@ fn multus_overhead_runs_and_its_dels_release_every_claim() {
     assert!(left.is_empty(), "the DELs left claims: {left:?}");
 }
 
-/// The reconcile Deployment's metrics (examples/, interval shortened),
+/// The reconcile Deployment's metrics (deploy/optional/, interval shortened),
 /// scraped with curl from its node as Prometheus would: a NAD whose /29
 /// hands out 5 addresses, filled by a Deployment from 3 to 6 replicas
 /// (the sixth refused: pool exhausted) and back to 1. The figures follow:
@@ -2804,7 +2804,7 @@ fn claims_of_identity(c: &LocalCluster, id: &str) -> BTreeMap<String, serde_json
 }
 
 /// `ipam.retention` with the defaults turned around, applied by the
-/// reconcile Deployment of examples/: a StatefulSet scaled 3 -> 1 loses
+/// reconcile Deployment of deploy/optional/: a StatefulSet scaled 3 -> 1 loses
 /// db-1's and db-2's claims (whenScaled=Delete) once their pods are gone;
 /// deleted, it keeps db-0's (whenDeleted=Retain), which a StatefulSet of
 /// the same name re-created later finds again.
@@ -2940,7 +2940,7 @@ spec:
     )
 }
 
-/// Puts the sticky-macvlan DaemonSet back as examples/ has it on drop
+/// Puts the sticky-macvlan DaemonSet back as deploy/ has it on drop
 /// (a test that patched it rolls it out again) and waits for the rollout.
 struct DaemonSetRestore<'a>(&'a LocalCluster);
 
@@ -3068,7 +3068,7 @@ fn failed_sandboxes(c: &LocalCluster, ns: &str, pod: &str) -> u64 {
 
 /// A running cluster upgraded from the previous release (0.1.0, built from
 /// its commit by scripts/cluster.sh build, installed from the manifests it
-/// shipped) by applying this release's examples/ as the README says, with
+/// shipped) by applying this release's deploy/ as the README says, with
 /// pods started on every node while the DaemonSet rolls: the running pods
 /// keep their addresses, the claims 0.1.0 wrote (held and reserved) hand
 /// the same addresses back to this release's plugin, which adds what 0.1.0
@@ -3085,7 +3085,7 @@ fn upgrading_a_running_cluster_from_the_previous_release_keeps_every_address() {
     let nodes = c.nodes();
     let _restore = InstallRestored(&c);
     c.uninstall();
-    c.install_release(&previous.examples);
+    c.install_release(&previous.manifests);
     for n in &nodes {
         let v = c.installed_version(n);
         assert!(
@@ -3135,9 +3135,9 @@ fn upgrading_a_running_cluster_from_the_previous_release_keeps_every_address() {
         );
     }
 
-    // The upgrade: this release's examples/, in the README's order.
+    // The upgrade: this release's deploy/, in its files' order.
     let t = Instant::now();
-    c.apply_release(&c.examples_dir());
+    c.apply_release(&c.install_set());
     for n in &nodes {
         c.apply(&pinned_pod(&ns, &format!("during-{n}"), n, "fabric-db"));
     }
@@ -3648,7 +3648,7 @@ spec:
     );
 }
 
-/// examples/node-scope-policy.yaml on the real API server: node1's plugin
+/// deploy/30-node-scope-policy.yaml on the real API server: node1's plugin
 /// token may not release, redirect or delete a claim node2 holds, nor
 /// create one naming node2, nor take it over without the unconfirmed
 /// mark, nor move a claim's address; it may change its own. The same for the

@@ -24,7 +24,7 @@ use sticky_ipam::kube::ApiError;
 pub const HELP: &str = "\
 Usage: sticky-macvlan install [options]
 
-Installs sticky-macvlan on this node (run by the DaemonSet in examples/):
+Installs sticky-macvlan on this node (run by the DaemonSet of deploy/40-daemonset.yaml):
 copies sticky-macvlan (and sticky-ipam when it sits next to it) into the
 CNI bin directory, and writes <conf dir>/sticky-macvlan.d/ with
 sticky-macvlan.kubeconfig, the service account's token and CA, and the node
@@ -192,7 +192,7 @@ fn now_unix() -> i64 {
 /// The API server's address as this pod sees it.
 fn server() -> Result<String, String> {
     let host = std::env::var("KUBERNETES_SERVICE_HOST").map_err(|_| {
-        "KUBERNETES_SERVICE_HOST is not set: run install inside the DaemonSet pod (examples/daemonset.yaml)".to_string()
+        "KUBERNETES_SERVICE_HOST is not set: run install inside the DaemonSet pod (deploy/40-daemonset.yaml)".to_string()
     })?;
     let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
     Ok(if host.contains(':') {
@@ -253,7 +253,7 @@ fn write_token(o: &Opts, server: &str, quiet: bool) -> Result<Credential, String
             if fs::read(&path).ok().as_deref() != Some(&fresh[..]) {
                 put(&path, &fresh, 0o600)?;
                 eprintln!(
-                    "sticky-macvlan install: no node-bound token ({why}); copied this pod's token instead, which stops working when this pod is deleted: during a DaemonSet rollout this node cannot allocate until the new pod has run; grant `create serviceaccounts/token` (examples/rbac.yaml, Role sticky-macvlan-installer) to fix"
+                    "sticky-macvlan install: no node-bound token ({why}); copied this pod's token instead, which stops working when this pod is deleted: during a DaemonSet rollout this node cannot allocate until the new pod has run; grant `create serviceaccounts/token` (deploy/20-rbac.yaml, Role sticky-macvlan-installer) to fix"
                 );
             }
             Ok(Credential::PodToken)

@@ -509,7 +509,7 @@ fn nodelay_client(config: Config) -> Result<Client, kube::Error> {
 fn collection_error(what: &str, server: &str, e: kube::Error) -> ApiError {
     match e {
         kube::Error::Api(s) if s.code == 404 => ApiError::Refused(format!(
-            "{what}: the API server does not know this resource of {} ({}): install the CRDs with `sticky-macvlan crd | kubectl apply -f -` (examples/ipclaim-crd.yaml)",
+            "{what}: the API server does not know this resource of {} ({}): install the CRDs with `sticky-macvlan crd | kubectl apply -f -` (deploy/10-ipclaim-crd.yaml)",
             super::GROUP,
             s.message
         )),

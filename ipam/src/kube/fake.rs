@@ -23,7 +23,7 @@ pub struct FakeApi {
     pub inject_conflicts: Cell<usize>,
     pub unreachable: Cell<bool>,
     /// The node whose token the fake answers as under the node-scope
-    /// policy (examples/node-scope-policy.yaml), refusing what the API
+    /// policy (deploy/30-node-scope-policy.yaml), refusing what the API
     /// server refuses: a takeover of another node's claim without the
     /// unconfirmed mark, and the lock writes `lock_scope` lists.
     pub node_scope: RefCell<Option<String>>,

@@ -243,7 +243,7 @@ pub trait KubeApi {
     fn post_event(&self, event: &crate::events::PodEvent) -> ApiResult<()>;
 }
 
-/// One thing the plugin asks of the API server: what examples/rbac.yaml
+/// One thing the plugin asks of the API server: what deploy/20-rbac.yaml
 /// grants the node's ClusterRole, and what `doctor` asks the server about
 /// with a SelfSubjectAccessReview. The examples test holds this list, the
 /// ClusterRole and the client's calls equal.

@@ -88,7 +88,7 @@ impl From<ApiError> for StoreError {
             ApiError::Conflict(m) => StoreError::Conflict(m),
             ApiError::Unreachable(m) => StoreError::Unreachable(m),
             ApiError::Refused(m) => StoreError::Refused(format!(
-                "kubernetes API refused the request: {m}; check the RBAC of examples/rbac.yaml and ipam.store.kubeconfig"
+                "kubernetes API refused the request: {m}; check the RBAC of deploy/20-rbac.yaml and ipam.store.kubeconfig"
             )),
             ApiError::Unauthorized(m) => StoreError::Refused(token_rejected(&m)),
             ApiError::Client(m) => StoreError::Refused(format!(

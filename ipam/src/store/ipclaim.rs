@@ -593,7 +593,7 @@ impl<'a> KubeStore<'a> {
             (Some(before), after) => {
                 // A claim another node holds is this node's to delete only
                 // once it has taken it over (the node-scope admission
-                // policy, examples/node-scope-policy.yaml): a reclaim from
+                // policy, deploy/30-node-scope-policy.yaml): a reclaim from
                 // a dead holder elsewhere is an update, then the delete.
                 // The takeover carries the grant's unconfirmed mark, as
                 // every takeover must under that policy. A tombstone left

@@ -230,7 +230,7 @@ pub fn api_error(check: &'static str, server: &str, kubeconfig: &str, e: &ApiErr
         ApiError::Client(m) => Finding::fail(
             check,
             m.clone(),
-            "install the kubeconfig with the DaemonSet (examples/daemonset.yaml), or pass --kubeconfig",
+            "install the kubeconfig with the DaemonSet (deploy/40-daemonset.yaml), or pass --kubeconfig",
         ),
         other => Finding::fail(
             check,
@@ -266,7 +266,7 @@ pub fn daemon_set(
             return Finding::warn(
                 check,
                 format!("may not read DaemonSet {ds}: {m}"),
-                "apply examples/rbac.yaml: its Role sticky-macvlan-installer lets the node read its installer DaemonSet",
+                "apply deploy/20-rbac.yaml: its Role sticky-macvlan-installer lets the node read its installer DaemonSet",
             )
         }
         Err(e) => {
@@ -280,7 +280,7 @@ pub fn daemon_set(
             return Finding::warn(
                 check,
                 format!("there is no DaemonSet {ds} to keep this node's binaries current"),
-                "install with examples/daemonset.yaml, or pass --daemonset NAMESPACE/NAME where yours is",
+                "install with deploy/40-daemonset.yaml, or pass --daemonset NAMESPACE/NAME where yours is",
             )
         }
         Ok(Some(f)) => f,
@@ -347,7 +347,7 @@ pub fn access(
     Finding::fail(
         check,
         format!("{user} may not: {}", denied.join("; ")),
-        format!("apply the ClusterRole {clusterrole} of examples/rbac.yaml and its binding to the DaemonSet's service account"),
+        format!("apply the ClusterRole {clusterrole} of deploy/20-rbac.yaml and its binding to the DaemonSet's service account"),
     )
 }
 
@@ -516,7 +516,7 @@ mod tests {
                 "0.2.0",
                 Severity::Warn,
                 "may not read DaemonSet",
-                "examples/rbac.yaml",
+                "deploy/20-rbac.yaml",
             ),
             (
                 Err(ApiError::Unreachable("timed out".into())),
