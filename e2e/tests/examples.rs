@@ -70,8 +70,14 @@ fn deploy_holds_the_install_set_in_apply_order() {
     for path in yaml_files(&repo().join("examples")) {
         for kind in kinds(&path) {
             assert!(
-                ["NetworkAttachmentDefinition", "StatefulSet", "Deployment", "Service", "ConfigMap"]
-                    .contains(&kind.as_str()),
+                [
+                    "NetworkAttachmentDefinition",
+                    "StatefulSet",
+                    "Deployment",
+                    "Service",
+                    "ConfigMap"
+                ]
+                .contains(&kind.as_str()),
                 "{}: a {kind} is part of the install, move it to deploy/",
                 path.display()
             );
@@ -135,7 +141,7 @@ fn the_manifests_name_the_image_the_script_builds() {
 fn the_crd_is_the_generated_one() {
     let (_, docs) = manifests()
         .into_iter()
-        .find(|(p, _)| p.ends_with("ipclaim-crd.yaml"))
+        .find(|(p, _)| p.ends_with("10-ipclaim-crd.yaml"))
         .expect("deploy/10-ipclaim-crd.yaml");
     assert_eq!(
         docs,
@@ -148,7 +154,7 @@ fn the_crd_is_the_generated_one() {
 fn rbac_is_least_privilege() {
     let (_, docs) = manifests()
         .into_iter()
-        .find(|(p, _)| p.ends_with("rbac.yaml"))
+        .find(|(p, _)| p.ends_with("20-rbac.yaml"))
         .expect("deploy/20-rbac.yaml");
     let rules = |role: &str| -> Vec<(String, String, Vec<String>)> {
         let doc = docs

@@ -1497,7 +1497,8 @@ fn lock_json(name: &str, ip: &str, id: &str, node: &str) -> Value {
 fn the_node_scope_policy_refuses_walk_arounds_in_sequences_and_allows_the_plugins_writes() {
     let (_topo, api) = cluster(1);
     let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/30-node-scope-policy.yaml"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/30-node-scope-policy.yaml"),
     )
     .expect("read the policy");
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("parse the policy");

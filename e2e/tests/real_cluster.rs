@@ -1941,10 +1941,12 @@ struct ReconcileDeployment<'a>(&'a LocalCluster);
 
 impl<'a> ReconcileDeployment<'a> {
     fn every(c: &'a LocalCluster, secs: u32) -> ReconcileDeployment<'a> {
-        c.apply(&c.deploy_file("optional/reconcile-deployment.yaml").replace(
-            "\"--interval\", \"60\"",
-            &format!("\"--interval\", \"{secs}\""),
-        ));
+        c.apply(
+            &c.deploy_file("optional/reconcile-deployment.yaml").replace(
+                "\"--interval\", \"60\"",
+                &format!("\"--interval\", \"{secs}\""),
+            ),
+        );
         ReconcileDeployment(c)
     }
 }
