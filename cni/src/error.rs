@@ -6,7 +6,7 @@ use super::version::CniVersion;
 
 /// Every error code we answer, defined once: the spec's, then ours
 /// (>= 100). `TABLE` lists them with their meaning; the fuzz test and the
-/// README's code table are checked against it.
+/// code table of docs/src/reference/errors.md are checked against it.
 pub mod code {
     pub const INCOMPATIBLE_VERSION: u32 = 1;
     pub const UNSUPPORTED_FIELD: u32 = 2;

@@ -286,7 +286,7 @@ fn compare_against(topo: &mut Topology, case: &Case, ref_case: &Case) {
         // The 1.10.0 reference's netlink library sends IFLA_TXQLEN 1000;
         // ours, like 1.1.1, leaves the kernel's default for a macvlan. A
         // macvlan is a noqueue device, so the length has no effect: the one
-        // difference accepted (README, "What was tested against what").
+        // difference accepted (docs/src/developer/tested.md).
         their_state["link"]["txqlen"] = Value::Null;
     }
     assert_eq!(ours.state, their_state, "{label}: pod state differs");

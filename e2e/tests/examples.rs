@@ -313,16 +313,17 @@ fn kube_calls_in_the_client() -> Vec<(String, String)> {
     calls.into_iter().collect()
 }
 
-/// The README's table of error codes lists exactly the codes the plugin
-/// defines (`cni::code::TABLE`), so neither can drift from the other.
+/// The reference's table of error codes (docs/src/reference/errors.md)
+/// lists exactly the codes the plugin defines (`cni::code::TABLE`), so
+/// neither can drift from the other.
 #[test]
-fn the_readme_documents_every_error_code() {
+fn the_reference_documents_every_error_code() {
+    let path = repo().join("docs/src/reference/errors.md");
     let readme =
-        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-            .expect("README.md");
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let start = readme
         .find("| code | when |")
-        .expect("the README's code table");
+        .expect("the code table of docs/src/reference/errors.md");
     let documented: Vec<u32> = readme[start..]
         .lines()
         .skip(2)
@@ -340,5 +341,8 @@ fn the_readme_documents_every_error_code() {
         .iter()
         .map(|(c, _)| *c)
         .collect();
-    assert_eq!(documented, defined, "README code table vs cni::code::TABLE");
+    assert_eq!(
+        documented, defined,
+        "docs/src/reference/errors.md vs cni::code::TABLE"
+    );
 }

@@ -1,6 +1,6 @@
 //! The kubernetes store through the real plugin binary and the real kube
 //! client, on three node netns that share the stand-in API server
-//! (README, "The kubernetes store"): reschedule after a node crash,
+//! (docs/src/concepts/kubernetes-store.md): reschedule after a node crash,
 //! refusal while the old pod may be alive, the out-of-service taint,
 //! a configured identity shared by two replicas, racing nodes, injected
 //! 409s and an unreachable API.
@@ -1491,7 +1491,7 @@ fn lock_json(name: &str, ip: &str, id: &str, node: &str) -> Value {
 /// issue 26 item 6 as request sequences, each refused at the step that
 /// would free or rewrite another node's live claim, and every write
 /// sequence of the plugin's own, each allowed. One sequence stays allowed
-/// and is asserted so (README, "Node scope": what CEL cannot express):
+/// and is asserted so (docs/src/concepts/node-scope.md: what CEL cannot express):
 /// taking another node's lock over and deleting it.
 #[test]
 fn the_node_scope_policy_refuses_walk_arounds_in_sequences_and_allows_the_plugins_writes() {

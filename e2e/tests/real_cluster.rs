@@ -482,7 +482,7 @@ fn node_crash_and_the_out_of_service_taint_move_the_pod_with_its_address() {
 
     let t0 = Instant::now();
     guard.crash();
-    // The runbook (README): a node that died is declared so.
+    // The runbook (docs/src/guide/node-down.md): a node that died is declared so.
     c.kubectl(&[
         "taint",
         "node",

@@ -1,5 +1,5 @@
 //! sticky-ipam through the real binaries on real namespaces: the field
-//! reports in the README ("What was tested against what"), restarts, scale-down/up, refusals,
+//! reports in the docs/src/developer/tested.md, restarts, scale-down/up, refusals,
 //! concurrency, kill -9 at varied points, and the standalone IPAM behind
 //! the reference macvlan.
 

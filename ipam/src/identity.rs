@@ -1,4 +1,4 @@
-//! Which workload an ADD is for (README, "Identity"). The first source
+//! Which workload an ADD is for (docs/src/concepts/identity.md). The first source
 //! that applies wins: `args.cni.identity`, `ipam.identity`, the pod's
 //! identity annotation, a StatefulSet owner (both need the pod from the
 //! API), the pod-name policy, else a dynamic key from the container and

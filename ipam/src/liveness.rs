@@ -1,4 +1,4 @@
-//! "Once the old holder is confirmed dead" (README, "Allocation and liveness"), for the
+//! "Once the old holder is confirmed dead" (docs/src/concepts/allocation-and-liveness.md), for the
 //! evidence a node has without the Kubernetes API. `judge` is pure; what it
 //! needs from the system comes in as `NodeFacts` and `NetnsState`.
 

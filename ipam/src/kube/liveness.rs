@@ -1,5 +1,5 @@
 //! "Once the old holder is confirmed dead" with the cluster's evidence
-//! (README, "Allocation and liveness"). `judge_cluster` is pure; `KubeInspector` feeds it
+//! (docs/src/concepts/allocation-and-liveness.md). `judge_cluster` is pure; `KubeInspector` feeds it
 //! from the API, after the node-local rules (same pod, rebooted node, netns
 //! gone) that need no request.
 

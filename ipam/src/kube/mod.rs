@@ -1,4 +1,4 @@
-//! The Kubernetes side of sticky-ipam (README, "The kubernetes store"): claims
+//! The Kubernetes side of sticky-ipam (docs/src/concepts/kubernetes-store.md): claims
 //! as `IPClaim` objects, liveness from pods and nodes. Everything that
 //! talks HTTP sits behind `KubeApi`: `client::KubeClient` is the real one
 //! (the `kube` crate), `fake::FakeApi` records calls for the unit tests.

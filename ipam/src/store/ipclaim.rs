@@ -1,4 +1,4 @@
-//! Claims as Kubernetes objects (README, "The kubernetes store"). No lock
+//! Claims as Kubernetes objects (docs/src/concepts/kubernetes-store.md). No lock
 //! and no pool object: every write carries a precondition, so a plan built
 //! on stale reads fails with `StoreError::Conflict` and is planned again.
 //!
@@ -806,7 +806,7 @@ impl<'a> KubeStore<'a> {
         }
     }
 
-    /// Reconcile's care of the locks (README, "The kubernetes store"):
+    /// Reconcile's care of the locks (docs/src/concepts/kubernetes-store.md):
     /// removes the locks no claim names that the API server made or last
     /// changed more than `grace_secs` ago (an ADD between its lock and its
     /// claim, or between its adoption of a lock and its claim, is younger),
