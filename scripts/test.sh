@@ -54,7 +54,6 @@ static_checks() {
 if [ "$tier" = unit ]; then
     static_checks
     # The crates' own tests (no namespaces, no root) and the manifests.
-    # shellcheck disable=SC2046
     cargo test --workspace --lib --bins -q
     # shellcheck disable=SC2046
     cargo test -p sticky-e2e -q $(test_args "${UNIT_TESTS[@]}")

@@ -407,16 +407,18 @@ pub fn plugin_cluster_role() -> Value {
     deploy_doc("20-rbac.yaml", "ClusterRole", "sticky-macvlan")
 }
 
-/// The object of KIND named NAME in deploy/FILE (the install set).
-pub fn deploy_doc(file: &str, kind: &str, name: &str) -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy")
-        .join(file);
+/// The documents of deploy/FILE (the install set).
+pub fn deploy_docs(file: &str) -> Vec<Value> {
+    let path = crate::repo_root().join("deploy").join(file);
     let text =
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
-        .unwrap_or_else(|e| panic!("parse {}: {e}", path.display()));
-    docs.into_iter()
+    serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
+}
+
+/// The object of KIND named NAME in deploy/FILE.
+pub fn deploy_doc(file: &str, kind: &str, name: &str) -> Value {
+    deploy_docs(file)
+        .into_iter()
         .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
         .unwrap_or_else(|| panic!("deploy/{file} has no {kind} {name}"))
 }

@@ -20,7 +20,7 @@ pub mod scenario;
 pub mod state;
 pub mod store;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -401,6 +401,26 @@ impl Drop for Topology {
         }
         let _ = std::fs::remove_dir_all(&self.state_dir);
     }
+}
+
+/// The repository's root (the parent of this crate).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(".."))
+}
+
+/// The `.yaml` files directly in DIR, in name order: the order
+/// `kubectl apply -f DIR` applies them in.
+pub fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|entry| entry.expect("directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    files
 }
 
 /// Where the built binaries are: target/<profile>/ next to this crate's

@@ -29,13 +29,6 @@ pub struct LocalCluster {
     kubectl: PathBuf,
 }
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from(".."))
-}
-
 impl LocalCluster {
     /// The cluster `scripts/cluster.sh up` started, when `STICKY_E2E_CLUSTER=1`.
     /// Then, under `CI=true`, a missing cluster fails the test; elsewhere
@@ -50,7 +43,7 @@ impl LocalCluster {
             eprintln!("{test}: runs in scripts/test.sh's cluster step ({ENV}=1 with a cluster up)");
             return None;
         }
-        let root = repo_root();
+        let root = crate::repo_root();
         let kubeconfig = root.join(".cluster/admin.kubeconfig");
         let kubectl = root.join(".cluster/bin/kubectl");
         if !kubeconfig.exists() || !kubectl.exists() {
@@ -433,14 +426,7 @@ impl LocalCluster {
     /// order their numeric prefixes give (the order `kubectl apply -f
     /// deploy/` applies them in); deploy/optional/ is not part of it.
     pub fn install_set(&self) -> Vec<PathBuf> {
-        let dir = self.root.join("deploy");
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
-            .filter_map(|entry| entry.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-            .collect();
-        files.sort();
-        files
+        crate::yaml_files(&self.root.join("deploy"))
     }
 
     /// The same from MANIFESTS (a release's install set), then waits for

@@ -5,30 +5,17 @@
 //! more. (scripts/test.sh also validates them against the Kubernetes
 //! schemas.)
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::Value;
+use sticky_e2e::{repo_root, yaml_files};
 
 const MANIFEST_DIRS: [&str; 3] = ["deploy", "deploy/optional", "examples"];
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn yaml_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|entry| entry.expect("entry").path())
-        .filter(|p| p.extension().and_then(|e| e.to_str()) == Some("yaml"))
-        .collect();
-    files.sort();
-    files
-}
 
 fn manifests() -> Vec<(PathBuf, Vec<Value>)> {
     let mut out = Vec::new();
     for dir in MANIFEST_DIRS {
-        for path in yaml_files(&repo().join(dir)) {
+        for path in yaml_files(&repo_root().join(dir)) {
             let text = std::fs::read_to_string(&path).expect("read manifest");
             let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -45,17 +32,23 @@ fn manifests() -> Vec<(PathBuf, Vec<Value>)> {
 /// no part of the install.
 #[test]
 fn deploy_holds_the_install_set_in_apply_order() {
-    let kinds = |path: &Path| -> Vec<String> {
-        let text = std::fs::read_to_string(path).expect("read manifest");
-        let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("parse manifest");
-        docs.iter()
-            .map(|d| d["kind"].as_str().unwrap_or_default().to_string())
+    // The kinds of each file directly in DIR, in name order (manifests()
+    // reads each directory's files in that order).
+    let kinds_in = |dir: &str| -> Vec<(PathBuf, Vec<String>)> {
+        let dir = repo_root().join(dir);
+        manifests()
+            .into_iter()
+            .filter(|(p, _)| p.parent() == Some(dir.as_path()))
+            .map(|(p, docs)| {
+                let kinds = docs
+                    .iter()
+                    .map(|d| d["kind"].as_str().unwrap_or_default().to_string())
+                    .collect();
+                (p, kinds)
+            })
             .collect()
     };
-    let order: Vec<Vec<String>> = yaml_files(&repo().join("deploy"))
-        .iter()
-        .map(|p| kinds(p))
-        .collect();
+    let order: Vec<Vec<String>> = kinds_in("deploy").into_iter().map(|(_, k)| k).collect();
     let first = |kind: &str| order.iter().position(|k| k.iter().any(|x| x == kind));
     let (crd, role, policy, daemonset) = (
         first("CustomResourceDefinition").expect("deploy/ has the CRDs"),
@@ -67,8 +60,8 @@ fn deploy_holds_the_install_set_in_apply_order() {
         crd < policy && role < daemonset && policy < daemonset,
         "deploy/ applies out of order: {order:?}"
     );
-    for path in yaml_files(&repo().join("examples")) {
-        for kind in kinds(&path) {
+    for (path, kinds) in kinds_in("examples") {
+        for kind in kinds {
             assert!(
                 [
                     "NetworkAttachmentDefinition",
@@ -318,7 +311,7 @@ fn kube_calls_in_the_client() -> Vec<(String, String)> {
 /// neither can drift from the other.
 #[test]
 fn the_reference_documents_every_error_code() {
-    let path = repo().join("docs/src/reference/errors.md");
+    let path = repo_root().join("docs/src/reference/errors.md");
     let readme =
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let start = readme

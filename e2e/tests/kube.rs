@@ -1496,13 +1496,7 @@ fn lock_json(name: &str, ip: &str, id: &str, node: &str) -> Value {
 #[test]
 fn the_node_scope_policy_refuses_walk_arounds_in_sequences_and_allows_the_plugins_writes() {
     let (_topo, api) = cluster(1);
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../deploy/30-node-scope-policy.yaml"),
-    )
-    .expect("read the policy");
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("parse the policy");
-    for doc in docs {
+    for doc in sticky_e2e::kube_api::deploy_docs("30-node-scope-policy.yaml") {
         let plural = match doc["kind"].as_str() {
             Some("ValidatingAdmissionPolicy") => "validatingadmissionpolicies",
             Some("ValidatingAdmissionPolicyBinding") => "validatingadmissionpolicybindings",
