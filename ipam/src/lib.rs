@@ -1,7 +1,6 @@
 pub mod addr;
 pub mod backend;
 pub mod claim;
-pub mod cli;
 pub mod cni_ipam;
 pub mod config;
 pub mod cri;

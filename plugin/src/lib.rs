@@ -2,13 +2,11 @@
 //! netns. See ARCHITECTURE.md for the map.
 
 pub mod attach;
-pub mod cli;
 pub use cni;
 pub mod commands;
 pub mod config;
 pub mod datapath;
-pub mod doctor;
-pub mod install;
+pub mod doctor_datapath;
 pub mod ipam;
 pub mod standalone;
 pub use cni::log;

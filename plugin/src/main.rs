@@ -2,7 +2,9 @@ use std::process::ExitCode;
 
 use sticky_macvlan::cni::skel::{fail, succeed, Invocation};
 use sticky_macvlan::cni::CniVersion;
-use sticky_macvlan::{cli, commands};
+use sticky_macvlan::commands;
+use sticky_macvlan::doctor_datapath::NodeDatapath;
+use sticky_ops::dispatch::STICKY_MACVLAN;
 
 const PROGRAM: &str = "sticky-macvlan";
 
@@ -15,10 +17,10 @@ fn main() -> ExitCode {
         .file_name()
         .is_some_and(|n| n == "kubectl-sticky")
     {
-        return sticky_ipam::cli::kubectl_plugin(&args);
+        return sticky_ops::kubectl::main(&args, &NodeDatapath);
     }
     if std::env::var_os("CNI_COMMAND").is_none() && !args.is_empty() {
-        return cli::main(&args);
+        return sticky_ops::dispatch::main(&STICKY_MACVLAN, &NodeDatapath, &args);
     }
     run_plugin()
 }
@@ -34,7 +36,7 @@ fn run_plugin() -> ExitCode {
             if std::env::var_os("CNI_COMMAND").is_none() {
                 eprintln!(
                     "{}\nrun `sticky-macvlan --help` for the operator commands",
-                    cli::ABOUT
+                    STICKY_MACVLAN.about
                 );
             }
             return fail(PROGRAM, &e, call.version);

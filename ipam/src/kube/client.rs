@@ -151,83 +151,6 @@ impl KubeClient {
         KubeClient::with_config(runtime, config, timeout)
     }
 
-    /// A token of service account `namespace/name` bound to node `node`
-    /// (TokenRequest with a Node as bound object), valid for `lifetime` or
-    /// what the API server caps it to, with its expiry in Unix seconds.
-    /// The installer writes it for the plugin on the node: a token bound
-    /// to the installer's own pod would die with that pod, leaving the
-    /// node without credentials through every DaemonSet rollout.
-    pub fn node_bound_token(
-        &self,
-        namespace: &str,
-        name: &str,
-        node: &str,
-        lifetime: Duration,
-    ) -> ApiResult<(String, i64)> {
-        use k8s_openapi::api::authentication::v1::{
-            BoundObjectReference, TokenRequest, TokenRequestSpec,
-        };
-        use k8s_openapi::api::core::v1::ServiceAccount;
-        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
-        let request = TokenRequest {
-            spec: Some(TokenRequestSpec {
-                // The API server's own audience: the default.
-                audiences: None,
-                bound_object_ref: Some(BoundObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Node".into()),
-                    name: Some(node.into()),
-                    uid: None,
-                }),
-                expiration_seconds: Some(i64::try_from(lifetime.as_secs()).unwrap_or(i64::MAX)),
-                ..TokenRequestSpec::default()
-            }),
-            ..TokenRequest::default()
-        };
-        let what =
-            format!("create token for serviceaccount {namespace}/{name} bound to node {node}");
-        let granted = self
-            .bounded(
-                &what,
-                api.create_token_request(name, &PostParams::default(), &request),
-            )?
-            .map_err(|e| classify(&what, &self.server, e))?;
-        let no_token = || ApiError::Refused(format!("{what}: the answer has no token"));
-        let status = granted.status.ok_or_else(no_token)?;
-        let token = status
-            .token
-            .filter(|t| !t.is_empty())
-            .ok_or_else(no_token)?;
-        let expiry = status
-            .expiration_timestamp
-            .map(|t| t.0.as_second())
-            .ok_or_else(no_token)?;
-        Ok((token, expiry))
-    }
-
-    /// Every Whereabouts IPPool (v0.9, `whereabouts.cni.cncf.io/v1alpha1`)
-    /// as JSON, for `import-whereabouts`; none when its CRD is absent.
-    pub fn list_whereabouts_pools(&self) -> ApiResult<Vec<serde_json::Value>> {
-        use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-        let resource = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("whereabouts.cni.cncf.io", "v1alpha1", "IPPool"),
-            "ippools",
-        );
-        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
-        let what = "list whereabouts ippools";
-        match self.bounded(what, api.list(&ListParams::default()))? {
-            Ok(list) => list
-                .items
-                .into_iter()
-                .map(|o| {
-                    serde_json::to_value(o).map_err(|e| ApiError::Refused(format!("{what}: {e}")))
-                })
-                .collect(),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
-            Err(e) => Err(classify(what, &self.server, e)),
-        }
-    }
-
     fn with_config(
         runtime: Runtime,
         mut config: Config,
@@ -255,140 +178,27 @@ impl KubeClient {
         &self.server
     }
 
-    /// Who the API server takes these credentials for (a
-    /// SelfSubjectReview, which every authenticated user may make): the
-    /// first request `doctor` makes, so a rejected token shows as a 401.
-    pub fn who_am_i(&self) -> ApiResult<String> {
-        use k8s_openapi::api::authentication::v1::SelfSubjectReview;
-        let api: Api<SelfSubjectReview> = Api::all(self.client.clone());
-        let review = self.run(
-            "create selfsubjectreview",
-            api.create(&PostParams::default(), &SelfSubjectReview::default()),
-        )?;
-        Ok(review
-            .status
-            .and_then(|s| s.user_info)
-            .and_then(|u| u.username)
-            .unwrap_or_default())
+    /// The `kube` client underneath, for requests outside `KubeApi` (the
+    /// operator commands' admin client builds on it with `run`, `get_opt`
+    /// and `paged`, so every request keeps the same deadline and errors).
+    pub fn kube(&self) -> Client {
+        self.client.clone()
     }
 
-    /// Whether these credentials may do `p`, cluster-wide (a
-    /// SelfSubjectAccessReview; the API server's authorizer answers).
-    pub fn may(&self, p: &super::Permission) -> ApiResult<bool> {
-        use k8s_openapi::api::authorization::v1::{
-            ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
-        };
-        let api: Api<SelfSubjectAccessReview> = Api::all(self.client.clone());
-        let review = SelfSubjectAccessReview {
-            spec: SelfSubjectAccessReviewSpec {
-                resource_attributes: Some(ResourceAttributes {
-                    group: Some(p.group.into()),
-                    resource: Some(p.resource.into()),
-                    verb: Some(p.verb.into()),
-                    ..ResourceAttributes::default()
-                }),
-                ..SelfSubjectAccessReviewSpec::default()
-            },
-            ..SelfSubjectAccessReview::default()
-        };
-        let answer = self.run(
-            &format!("create selfsubjectaccessreview ({})", p.describe()),
-            api.create(&PostParams::default(), &review),
-        )?;
-        Ok(answer.status.is_some_and(|s| s.allowed))
+    /// An error of request `what` as the API's answer classifies it.
+    pub fn classify(&self, what: &str, e: kube::Error) -> ApiError {
+        classify(what, &self.server, e)
     }
 
-    /// The Events the plugins posted (`post_event`), every namespace, paged:
-    /// for reconcile's metrics.
-    pub fn our_events(&self) -> ApiResult<Vec<crate::events::SeenEvent>> {
-        let api: Api<Event> = Api::all(self.client.clone());
-        let mut out = Vec::new();
-        self.paged(&api, "list events", super::LABEL_NETWORK, |e| {
-            let network = e
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(super::LABEL_NETWORK).cloned())
-                .unwrap_or_default();
-            out.push(crate::events::SeenEvent {
-                uid: e.metadata.uid.clone().unwrap_or_default(),
-                network,
-                reason: e.reason.clone().unwrap_or_default(),
-                count: e.count.and_then(|c| u64::try_from(c).ok()).unwrap_or(1),
-            });
-            Ok(())
-        })?;
-        Ok(out)
-    }
-
-    /// The NetworkAttachmentDefinitions' configs (spec.config), every
-    /// namespace; empty when their CRD is not installed.
-    pub fn nad_configs(&self) -> ApiResult<Vec<String>> {
-        use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
-        let gvk = GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition");
-        let resource = ApiResource::from_gvk_with_plural(&gvk, "network-attachment-definitions");
-        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
-        let mut out = Vec::new();
-        let listed = self.paged(&api, "list network-attachment-definitions", "", |o| {
-            if let Some(config) = o.data["spec"]["config"].as_str() {
-                out.push(config.to_string());
-            }
-            Ok(())
-        });
-        match listed {
-            Ok(()) => Ok(out),
-            Err(ApiError::Refused(m)) if m.contains("does not know this resource") => {
-                Ok(Vec::new())
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// The installer DaemonSet NAMESPACE/NAME, None when it does not exist
-    /// (for `doctor`; the installer's Role grants this one get).
-    pub fn daemon_set(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> ApiResult<Option<super::DaemonSetFacts>> {
-        use k8s_openapi::api::apps::v1::DaemonSet;
-        let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), namespace);
-        let what = format!("get daemonset {namespace}/{name}");
-        Ok(self.get_opt(&what, api.get(name))?.map(|ds| {
-            let image = ds
-                .spec
-                .template
-                .spec
-                .as_ref()
-                .and_then(|p| p.containers.first())
-                .and_then(|c| c.image.clone())
-                .unwrap_or_default();
-            let status = ds.status.unwrap_or_default();
-            let count = |n: Option<i32>| u64::try_from(n.unwrap_or(0)).unwrap_or(0);
-            super::DaemonSetFacts {
-                image,
-                desired: count(Some(status.desired_number_scheduled)),
-                updated: count(status.updated_number_scheduled),
-            }
-        }))
-    }
-
-    /// Whether the IPClaim and IPLock resources are served: a one-object
-    /// listing of each, whose 404 names the missing CRD.
-    pub fn resources_served(&self) -> ApiResult<()> {
-        let lp = ListParams::default().limit(1);
-        let what = "list ipclaims";
-        self.bounded(what, self.claims().list(&lp))?
-            .map_err(|e| collection_error(what, &self.server, e))?;
-        let what = "list iplocks";
-        self.bounded(what, self.locks().list(&lp))?
-            .map_err(|e| collection_error(what, &self.server, e))?;
-        Ok(())
+    /// An error of a request on a whole collection: a 404 names the
+    /// missing CRD.
+    pub fn collection_error(&self, what: &str, e: kube::Error) -> ApiError {
+        collection_error(what, &self.server, e)
     }
 
     /// Runs one request with the overall deadline (connect + read can
     /// otherwise add up); a missed deadline is "unreachable".
-    fn bounded<T>(
+    pub fn bounded<T>(
         &self,
         what: &str,
         fut: impl std::future::Future<Output = Result<T, kube::Error>>,
@@ -414,7 +224,7 @@ impl KubeClient {
             })
     }
 
-    fn run<T>(
+    pub fn run<T>(
         &self,
         what: &str,
         fut: impl std::future::Future<Output = Result<T, kube::Error>>,
@@ -424,7 +234,7 @@ impl KubeClient {
     }
 
     /// A read where 404 means "not there".
-    fn get_opt<T>(
+    pub fn get_opt<T>(
         &self,
         what: &str,
         fut: impl std::future::Future<Output = Result<T, kube::Error>>,
@@ -450,7 +260,7 @@ impl KubeClient {
 
     /// Every selected object, a page of `LIST_PAGE` at a time, each page
     /// handed to `each` and dropped.
-    fn paged<K>(
+    pub fn paged<K>(
         &self,
         api: &Api<K>,
         what: &str,

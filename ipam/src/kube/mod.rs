@@ -158,17 +158,6 @@ impl LockObject {
     }
 }
 
-/// What `doctor` compares of the installer DaemonSet: the image its pods
-/// run and how far its rollout got.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DaemonSetFacts {
-    /// The first container's image.
-    pub image: String,
-    /// Nodes that should run it, and those running the latest template.
-    pub desired: u64,
-    pub updated: u64,
-}
-
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClusterNode {
     pub out_of_service: bool,

@@ -6,20 +6,21 @@
 use std::process::ExitCode;
 
 use serde_json::Value;
-use sticky_ipam::cli;
 use sticky_ipam::cni_ipam::{Attachment, StickyIpam};
 use sticky_macvlan::cni::conf::{gc_attachments, CommonConf};
 use sticky_macvlan::cni::skel::{fail, log_outcome, require_verb, start_log, succeed, Invocation};
 use sticky_macvlan::cni::{self as cni, CniEnv, CniError, CniResult, CniVersion, Command};
 use sticky_macvlan::config::ProbeConf;
+use sticky_macvlan::doctor_datapath::NodeDatapath;
 use sticky_macvlan::standalone::confirm_on_wire;
+use sticky_ops::dispatch::STICKY_IPAM;
 
 const PROGRAM: &str = "sticky-ipam";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if std::env::var_os("CNI_COMMAND").is_none() && !args.is_empty() {
-        return cli::main(PROGRAM, &args);
+        return sticky_ops::dispatch::main(&STICKY_IPAM, &NodeDatapath, &args);
     }
     let call = match Invocation::read() {
         Ok(call) => call,

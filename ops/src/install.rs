@@ -21,17 +21,18 @@ use std::time::Duration;
 use sticky_ipam::kube::client::KubeClient;
 use sticky_ipam::kube::ApiError;
 
-pub const HELP: &str = "\
-Usage: sticky-macvlan install [options]
+use crate::admin::AdminApi;
 
-Installs sticky-macvlan on this node (run by the DaemonSet of deploy/40-daemonset.yaml):
-copies sticky-macvlan (and sticky-ipam when it sits next to it) into the
-CNI bin directory, and writes <conf dir>/sticky-macvlan.d/ with
-sticky-macvlan.kubeconfig, the service account's token and CA, and the node
-name, for ipam.store.type \"kubernetes\".
+pub const DESCRIPTION: &str = "\
+Installs sticky-macvlan on this node (run by the DaemonSet of
+deploy/40-daemonset.yaml): copies sticky-macvlan (and sticky-ipam when it
+sits next to it) into the CNI bin directory, and writes
+<conf dir>/sticky-macvlan.d/ with sticky-macvlan.kubeconfig, the service
+account's token and CA, and the node name, for ipam.store.type
+\"kubernetes\".";
 
-Options:
-  --cni-bin-dir DIR        where the binaries go (default /host/opt/cni/bin)
+pub const OPTIONS: &str =
+    "  --cni-bin-dir DIR        where the binaries go (default /host/opt/cni/bin)
   --cni-conf-dir DIR       the host's CNI config dir as mounted here
                            (default /host/etc/cni/net.d)
   --host-cni-conf-dir DIR  the same directory as the host sees it, for the
@@ -304,15 +305,11 @@ fn install(o: &Opts) -> Result<Credential, String> {
     Ok(credential)
 }
 
-pub fn main(args: &[String]) -> ExitCode {
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        print!("{HELP}");
-        return ExitCode::SUCCESS;
-    }
+pub fn main(program: &str, args: &[String]) -> ExitCode {
     let o = match parse(args) {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("sticky-macvlan install: {e}; run `sticky-macvlan install --help`");
+            eprintln!("{program} install: {e}; run `{program} install --help`");
             return ExitCode::from(2);
         }
     };

@@ -50,7 +50,7 @@ pub fn ranges_of(configs: &[String]) -> BTreeMap<String, f64> {
             if p["ipam"]["type"] != "sticky-ipam" {
                 continue;
             }
-            let Ok(conf) = crate::config::IpamConfig::parse(&name, &p["ipam"]) else {
+            let Ok(conf) = sticky_ipam::config::IpamConfig::parse(&name, &p["ipam"]) else {
                 continue;
             };
             let size = conf.allocatable_addresses() as f64;
@@ -61,7 +61,7 @@ pub fn ranges_of(configs: &[String]) -> BTreeMap<String, f64> {
     out
 }
 
-pub use crate::events::SeenEvent;
+pub use sticky_ipam::events::SeenEvent;
 
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -82,8 +82,8 @@ pub struct Metrics {
 /// two that report a handover.
 fn kind_of(reason: &str) -> &'static str {
     match reason {
-        crate::events::TAKEN_OVER => "takeover",
-        crate::events::RECLAIMED => "reclaim",
+        sticky_ipam::events::TAKEN_OVER => "takeover",
+        sticky_ipam::events::RECLAIMED => "reclaim",
         _ => "refusal",
     }
 }

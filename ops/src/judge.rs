@@ -6,10 +6,10 @@
 
 use std::path::PathBuf;
 
-use crate::kube::liveness::KubeInspector;
-use crate::kube::KubeApi;
-use crate::liveness::{node_evidence, Evidence, Here, Inspector, NodeBoot, NodeFacts};
-use crate::system::LocalInspector;
+use sticky_ipam::kube::liveness::KubeInspector;
+use sticky_ipam::kube::KubeApi;
+use sticky_ipam::liveness::{node_evidence, Evidence, Here, Inspector, NodeBoot, NodeFacts};
+use sticky_ipam::system::LocalInspector;
 
 pub enum Judge<'a> {
     /// The file store is this machine's: its evidence is the store's node's.

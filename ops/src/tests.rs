@@ -1,7 +1,12 @@
-use super::import::{
-    check_host_local_dir, is_host_local_entry, parse_host_local, whereabouts_allocations,
-};
-use super::*;
+use crate::claims::age;
+use crate::import::host_local::{check_host_local_dir, is_host_local_entry, parse_host_local};
+use crate::import::whereabouts::whereabouts_allocations;
+use crate::judge::Judge;
+use crate::metrics;
+use crate::options::parse_opts;
+use crate::reconcile::sweep_networks;
+use crate::release::release_on;
+use sticky_ipam::kube::KubeApi as _;
 
 #[test]
 fn only_a_host_local_network_directory_is_imported() {
@@ -138,13 +143,13 @@ fn whereabouts_allocations_are_offsets_from_their_pools_range() {
 
 // --- Where verdicts get their evidence (issue 26, items 2 and 3) ---
 
-use crate::claim::{Claim, Holder};
-use crate::engine::ReleaseTarget;
-use crate::kube::fake::FakeApi;
-use crate::kube::{ClaimObject, ClusterNode, LockObject};
-use crate::liveness::Here;
-use crate::pod::PodFacts;
-use crate::store::ipclaim::KubeStore;
+use sticky_ipam::claim::{Claim, Holder};
+use sticky_ipam::engine::ReleaseTarget;
+use sticky_ipam::kube::fake::FakeApi;
+use sticky_ipam::kube::{ClaimObject, ClusterNode, LockObject};
+use sticky_ipam::liveness::Here;
+use sticky_ipam::pod::PodFacts;
+use sticky_ipam::store::ipclaim::KubeStore;
 
 const NODE2_BOOT: &str = "b-node2";
 
@@ -224,7 +229,7 @@ fn holder_at(api: &FakeApi, network: &str, ip: &str) -> Option<Holder> {
 
 /// The new db-0 (UID uid-2) is running and has taken over `network`'s
 /// claim at `ip` from its predecessor (UID uid-1), as its ADD does.
-fn recreate_db0_taking(network: &'static str, ip: &'static str) -> crate::kube::fake::Race {
+fn recreate_db0_taking(network: &'static str, ip: &'static str) -> sticky_ipam::kube::fake::Race {
     Box::new(move |api: &FakeApi| {
         run_pod(api, "db-0", "uid-2");
         let rv = api.next_rv();
@@ -271,7 +276,7 @@ fn release_with_node_from_a_machine_that_is_not_that_node_refuses_a_live_holder(
             hostname: "host".into(),
             boot_id: boot_id.into(),
             nodename: None,
-            looked: vec![crate::system::INSTALLED_NODENAME.into()],
+            looked: vec![sticky_ipam::system::INSTALLED_NODENAME.into()],
         };
         let judge = Judge::kube(&api, Some("node2"), &here);
         let mut store = KubeStore::new(&api, "fabric", None, vec![]);
@@ -343,7 +348,7 @@ fn a_sweep_judges_each_network_by_its_own_lookups() {
     // claim over.
     *api.before.borrow_mut() = Some(("replace ".into(), recreate_db0_taking("net-b", "10.1.0.5")));
     let open = |n: &str| {
-        Ok(crate::backend::Store::Kube(Box::new(KubeStore::new(
+        Ok(sticky_ipam::backend::Store::Kube(Box::new(KubeStore::new(
             &api,
             n,
             None,
@@ -374,7 +379,7 @@ fn a_plan_made_again_after_a_409_looks_the_pods_up_again() {
     );
     *api.before.borrow_mut() = Some(("replace ".into(), recreate_db0_taking("net-b", "10.1.0.5")));
     let open = |n: &str| {
-        Ok(crate::backend::Store::Kube(Box::new(KubeStore::new(
+        Ok(sticky_ipam::backend::Store::Kube(Box::new(KubeStore::new(
             &api,
             n,
             None,
@@ -423,7 +428,7 @@ fn a_later_networks_verdict_rests_on_a_lookup_of_its_own_plan() {
                 p.phase = Some("Failed".into());
             }
         }
-        Ok(crate::backend::Store::Kube(Box::new(KubeStore::new(
+        Ok(sticky_ipam::backend::Store::Kube(Box::new(KubeStore::new(
             &api,
             n,
             None,

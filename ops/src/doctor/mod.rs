@@ -4,7 +4,7 @@
 //! API server's own answers: SelfSubjectReview, SelfSubjectAccessReview,
 //! the resources it serves); `judge` turns them into findings.
 
-mod judge;
+mod findings;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -17,13 +17,10 @@ use sticky_ipam::config::{IpamConfig, StoreKind};
 use sticky_ipam::kube::client::KubeClient;
 use sticky_ipam::kube::PLUGIN_ACCESS;
 
-use crate::config::NetConf;
-use crate::datapath::{Netlink, Ns};
-pub use judge::{Finding, Severity};
+use crate::admin::AdminApi;
+pub use findings::{Finding, Severity};
 
-pub const HELP: &str = "\
-Usage: sticky-macvlan doctor [options]
-
+pub const DESCRIPTION: &str = "\
 Checks this node for what a pod start needs and prints each problem with
 its fix: the CNI bin dir (both binaries present, runnable, the version of
 this doctor, which is the DaemonSet's image when run with kubectl exec),
@@ -34,10 +31,10 @@ kubernetes store the kubeconfig and token (accepted by the API server),
 RBAC (a SelfSubjectAccessReview for every verb the plugin uses), the
 IPClaim/IPLock CRDs, and the installer DaemonSet (the version its image
 names against this node's binaries, and whether its rollout is done). Run
-it in the node's network namespace.
+it in the node's network namespace. Exit code: 0 no problem, 1 warnings,
+2 failures.";
 
-Options:
-  --bin-dir DIR       the runtime's CNI bin dir (default /opt/cni/bin)
+pub const OPTIONS: &str = "  --bin-dir DIR       the runtime's CNI bin dir (default /opt/cni/bin)
   --conf-dir DIR      the runtime's CNI conf dir (default /etc/cni/net.d)
   --network NAME      check this network's config, found in --conf-dir
   --config FILE       check this network config (a NAD's spec.config)
@@ -47,8 +44,43 @@ Options:
   --daemonset NS/NAME the installer DaemonSet (default
                       kube-system/sticky-macvlan)
   --json              print the findings as JSON
-Exit code: 0 no problem, 1 warnings, 2 failures.
 ";
+
+/// What doctor asks of the main plugin, which alone knows its config and
+/// reads this netns's links (`sticky_macvlan::doctor_datapath` answers
+/// from netlink; the tests from a table).
+pub trait Datapath {
+    /// The plugin type whose entry of a network config is checked.
+    fn plugin_type(&self) -> &'static str;
+    /// Parses that entry (a `.conf`, or a conflist's entry carrying the
+    /// list's name and version, as libcni hands it over); the error is the
+    /// one a pod start would fail with.
+    fn network(&self, entry: &[u8]) -> Result<Network, String>;
+    /// The interface of this netns's default route.
+    fn default_route_link(&self) -> Result<Option<String>, String>;
+    /// A link of this netns, by name.
+    fn link(&self, name: &str) -> Result<Option<LinkFacts>, String>;
+}
+
+/// What doctor checks of a network's config.
+pub struct Network {
+    pub name: String,
+    /// The config's master; None for the default route's interface.
+    pub master: Option<String>,
+    /// The master is looked up in the pod's netns.
+    pub link_in_container: bool,
+    /// The `ipam` section when it is the in-process sticky-ipam.
+    pub ipam: Option<Value>,
+}
+
+/// What doctor judges of a master link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkFacts {
+    pub mtu: u32,
+    pub up: bool,
+    /// "bond", "bridge", ... when the link is a port of one.
+    pub port_kind: Option<String>,
+}
 
 struct Opts {
     bin_dir: PathBuf,
@@ -94,36 +126,32 @@ fn parse(args: &[String]) -> Result<Opts, String> {
     Ok(o)
 }
 
-pub fn main(args: &[String]) -> ExitCode {
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        print!("{HELP}");
-        return ExitCode::SUCCESS;
-    }
+pub fn main(program: &str, args: &[String], datapath: &dyn Datapath) -> ExitCode {
     let opts = match parse(args) {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("sticky-macvlan doctor: {e}; see --help");
+            eprintln!("{program} doctor: {e}; see --help");
             return ExitCode::from(2);
         }
     };
-    let findings = examine(&opts);
+    let findings = examine(&opts, datapath);
     if opts.json {
-        println!("{}", judge::render_json(&findings));
+        println!("{}", findings::render_json(&findings));
     } else {
-        print!("{}", judge::render_text(&findings));
+        print!("{}", findings::render_text(&findings));
     }
-    ExitCode::from(judge::exit_code(&findings))
+    ExitCode::from(findings::exit_code(&findings))
 }
 
-fn examine(o: &Opts) -> Vec<Finding> {
+fn examine(o: &Opts, datapath: &dyn Datapath) -> Vec<Finding> {
     let mut out = Vec::new();
     let mut installed_version = None;
     for name in ["sticky-macvlan", "sticky-ipam"] {
         let found = installed(&o.bin_dir.join(name));
-        if let (judge::Installed::Version(v), "sticky-macvlan") = (&found, name) {
+        if let (findings::Installed::Version(v), "sticky-macvlan") = (&found, name) {
             installed_version = Some(v.clone());
         }
-        out.push(judge::binary(
+        out.push(findings::binary(
             &o.bin_dir.display().to_string(),
             name,
             &found,
@@ -131,12 +159,12 @@ fn examine(o: &Opts) -> Vec<Finding> {
         ));
     }
     let configs = cni_configs(&o.conf_dir);
-    out.push(judge::conf_dir(
+    out.push(findings::conf_dir(
         &o.conf_dir.display().to_string(),
         o.conf_dir.is_dir(),
         configs.len(),
     ));
-    let network = match network_config(o, &configs) {
+    let network = match network_config(o, &configs, datapath) {
         Ok(n) => n,
         Err(f) => {
             out.push(f);
@@ -145,7 +173,7 @@ fn examine(o: &Opts) -> Vec<Finding> {
     };
     let ipam = network.as_ref().and_then(|n| ipam_of(n, &mut out));
     if let Some(n) = &network {
-        out.push(master(n));
+        out.push(master(n, datapath));
     }
     if let Some(ipam) = &ipam {
         let backend = Backend::for_config(ipam);
@@ -181,19 +209,19 @@ fn examine(o: &Opts) -> Vec<Finding> {
 
 /// A binary's state: run `<bin> version`, whose first line is
 /// "<name> <version>[: ...]", and keep the version.
-fn installed(path: &Path) -> judge::Installed {
+fn installed(path: &Path) -> findings::Installed {
     let Ok(meta) = std::fs::metadata(path) else {
-        return judge::Installed::Missing;
+        return findings::Installed::Missing;
     };
     if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
-        return judge::Installed::NotExecutable;
+        return findings::Installed::NotExecutable;
     }
     match Command::new(path)
         .arg("version")
         .env_remove("CNI_COMMAND")
         .output()
     {
-        Ok(out) if out.status.success() => judge::Installed::Version(
+        Ok(out) if out.status.success() => findings::Installed::Version(
             String::from_utf8_lossy(&out.stdout)
                 .split_whitespace()
                 .nth(1)
@@ -202,9 +230,9 @@ fn installed(path: &Path) -> judge::Installed {
                 .to_string(),
         ),
         Ok(out) => {
-            judge::Installed::Unrunnable(String::from_utf8_lossy(&out.stderr).trim().to_string())
+            findings::Installed::Unrunnable(String::from_utf8_lossy(&out.stderr).trim().to_string())
         }
-        Err(e) => judge::Installed::Unrunnable(e.to_string()),
+        Err(e) => findings::Installed::Unrunnable(e.to_string()),
     }
 }
 
@@ -224,24 +252,28 @@ fn cni_configs(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// Our plugin's config out of a .conf or .conflist document: a conflist's
-/// entry of type sticky-macvlan with the list's name and version, as
-/// libcni hands it over.
-fn ours_in(doc: &Value) -> Option<Value> {
-    if doc["type"] == "sticky-macvlan" {
+/// Our plugin's entry of a .conf or .conflist document (a conflist's
+/// entry of type `ours`, with the list's name and version, as libcni hands
+/// it over).
+fn ours_in(doc: &Value, ours: &str) -> Option<Value> {
+    if doc["type"] == ours {
         return Some(doc.clone());
     }
     let plugin = doc["plugins"]
         .as_array()?
         .iter()
-        .find(|p| p["type"] == "sticky-macvlan")?;
+        .find(|p| p["type"] == ours)?;
     let mut plugin = plugin.clone();
     plugin["name"] = doc["name"].clone();
     plugin["cniVersion"] = doc["cniVersion"].clone();
     Some(plugin)
 }
 
-fn network_config(o: &Opts, configs: &[PathBuf]) -> Result<Option<NetConf>, Finding> {
+fn network_config(
+    o: &Opts,
+    configs: &[PathBuf],
+    datapath: &dyn Datapath,
+) -> Result<Option<Network>, Finding> {
     let check = "network";
     let read = |path: &Path| -> Result<Value, Finding> {
         let text = std::fs::read_to_string(path).map_err(|e| {
@@ -279,41 +311,40 @@ fn network_config(o: &Opts, configs: &[PathBuf]) -> Result<Option<NetConf>, Find
         }
         (None, None) => return Ok(None),
     };
-    let Some(ours) = ours_in(&doc) else {
+    let plugin_type = datapath.plugin_type();
+    let Some(ours) = ours_in(&doc, plugin_type) else {
         return Err(Finding::fail(
             check,
-            format!("{source} has no plugin of type sticky-macvlan"),
-            "pass the config that names \"type\": \"sticky-macvlan\"",
+            format!("{source} has no plugin of type {plugin_type}"),
+            format!("pass the config that names \"type\": \"{plugin_type}\""),
         ));
     };
-    NetConf::parse(ours.to_string().as_bytes())
+    datapath
+        .network(ours.to_string().as_bytes())
         .map(Some)
         .map_err(|e| {
             Finding::fail(
                 check,
-                format!("{source}: {}", e.msg),
+                format!("{source}: {e}"),
                 "fix the config as the message says: a pod start fails on it the same way",
             )
         })
 }
 
-fn ipam_of(conf: &NetConf, out: &mut Vec<Finding>) -> Option<IpamConfig> {
-    let section = conf.common.ipam.as_ref()?;
-    if section.plugin_type != crate::ipam::IN_PROCESS {
-        return None;
-    }
-    match IpamConfig::parse(&conf.common.name, &section.raw) {
+fn ipam_of(conf: &Network, out: &mut Vec<Finding>) -> Option<IpamConfig> {
+    let section = conf.ipam.as_ref()?;
+    match IpamConfig::parse(&conf.name, section) {
         Ok(ipam) => {
             out.push(Finding::ok(
                 "network",
-                format!("network {:?}: config valid", conf.common.name),
+                format!("network {:?}: config valid", conf.name),
             ));
             Some(ipam)
         }
         Err(e) => {
             out.push(Finding::fail(
                 "network",
-                format!("network {:?}: ipam: {}", conf.common.name, e.msg),
+                format!("network {:?}: ipam: {}", conf.name, e.msg),
                 "fix the ipam section as the message says",
             ));
             None
@@ -321,28 +352,26 @@ fn ipam_of(conf: &NetConf, out: &mut Vec<Finding>) -> Option<IpamConfig> {
     }
 }
 
-fn master(conf: &NetConf) -> Finding {
-    let mut nl = match crate::commands::connect(None) {
-        Ok(nl) => nl,
-        Err(e) => {
-            return Finding::fail(
-                "master",
-                format!("cannot read this netns's links: {}", e.msg),
-                "run doctor as root in the node's network namespace",
-            )
-        }
+fn master(conf: &Network, datapath: &dyn Datapath) -> Finding {
+    let unreadable = |e: String| {
+        Finding::fail(
+            "master",
+            format!("cannot read this netns's links: {e}"),
+            "run doctor as root in the node's network namespace",
+        )
     };
     let (name, from) = match &conf.master {
         Some(m) => (m.clone(), "the config's master"),
-        None => match nl.default_route_link(Ns::Node) {
+        None => match datapath.default_route_link() {
             Ok(Some(m)) => (m, "the default route's interface"),
-            _ => {
+            Ok(None) => {
                 return Finding::fail(
                     "master",
                     "the config names no master and this netns has no default route",
                     "set \"master\" in the network config",
                 )
             }
+            Err(e) => return unreadable(e),
         },
     };
     if conf.link_in_container {
@@ -351,8 +380,10 @@ fn master(conf: &NetConf) -> Finding {
             format!("master {name:?} is looked up in the pod's netns (linkInContainer)"),
         );
     }
-    let link = nl.link_by_name(Ns::Node, &name).ok().flatten();
-    judge::master(&name, from, link.as_ref())
+    match datapath.link(&name) {
+        Ok(link) => findings::master(&name, from, link.as_ref()),
+        Err(e) => unreadable(e),
+    }
 }
 
 /// The kubeconfig, the token, RBAC and the CRDs, from the API server's
@@ -363,12 +394,12 @@ fn api(path: &Path, ds: &str, installed: Option<&str>) -> Vec<Finding> {
     let shown = path.display().to_string();
     let client = match KubeClient::from_kubeconfig(path, Duration::from_secs(10)) {
         Ok(c) => c,
-        Err(e) => return vec![judge::api_error("kubeconfig", "-", &shown, &e)],
+        Err(e) => return vec![findings::api_error("kubeconfig", "-", &shown, &e)],
     };
     let server = client.server().to_string();
     let user = match client.who_am_i() {
         Ok(u) => u,
-        Err(e) => return vec![judge::api_error("kubeconfig", &server, &shown, &e)],
+        Err(e) => return vec![findings::api_error("kubeconfig", &server, &shown, &e)],
     };
     let mut out = vec![Finding::ok(
         "kubeconfig",
@@ -379,18 +410,18 @@ fn api(path: &Path, ds: &str, installed: Option<&str>) -> Vec<Finding> {
         match client.may(p) {
             Ok(allowed) => answers.push((p, allowed)),
             Err(e) => {
-                out.push(judge::api_error("rbac", &server, &shown, &e));
+                out.push(findings::api_error("rbac", &server, &shown, &e));
                 return out;
             }
         }
     }
-    out.push(judge::access(&user, &answers, "sticky-macvlan"));
+    out.push(findings::access(&user, &answers, "sticky-macvlan"));
     out.push(match client.resources_served() {
         Ok(()) => Finding::ok("crd", "the API server serves ipclaims and iplocks"),
-        Err(e) => judge::api_error("crd", &server, &shown, &e),
+        Err(e) => findings::api_error("crd", &server, &shown, &e),
     });
     if let (Some(installed), Some((ns, name))) = (installed, ds.split_once('/')) {
-        out.push(judge::daemon_set(
+        out.push(findings::daemon_set(
             ds,
             installed,
             &client.daemon_set(ns, name),

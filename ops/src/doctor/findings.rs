@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use sticky_ipam::kube::ApiError;
 
-use crate::datapath::LinkState;
+use super::LinkFacts;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Severity {
@@ -175,7 +175,7 @@ pub fn conf_dir(dir: &str, exists: bool, files: usize) -> Finding {
 /// The macvlan master: it exists in this netns, is up, and is no port of a
 /// bond or bridge (the kernel refuses a macvlan on a device that another
 /// driver already receives for).
-pub fn master(name: &str, from: &str, link: Option<&LinkState>) -> Finding {
+pub fn master(name: &str, from: &str, link: Option<&LinkFacts>) -> Finding {
     let check = "master";
     let Some(link) = link else {
         return Finding::fail(
@@ -257,7 +257,7 @@ fn image_version(image: &str) -> Option<&str> {
 pub fn daemon_set(
     ds: &str,
     installed: &str,
-    found: &Result<Option<sticky_ipam::kube::DaemonSetFacts>, ApiError>,
+    found: &Result<Option<crate::admin::DaemonSetFacts>, ApiError>,
 ) -> Finding {
     let check = "daemonset";
     let (ns, name) = ds.split_once('/').unwrap_or(("kube-system", ds));
@@ -356,16 +356,10 @@ mod tests {
     use super::*;
     use sticky_ipam::kube::PLUGIN_ACCESS;
 
-    fn link(up: bool, port: Option<&str>) -> LinkState {
-        LinkState {
-            index: 2,
-            name: "eth1".into(),
+    fn link(up: bool, port: Option<&str>) -> LinkFacts {
+        LinkFacts {
             mtu: 1500,
-            mac: None,
-            kind: None,
-            macvlan_mode: None,
             up,
-            alias: None,
             port_kind: port.map(str::to_string),
         }
     }
@@ -441,7 +435,7 @@ mod tests {
 
     #[test]
     fn the_daemonset_is_compared_with_the_installed_binaries() {
-        use sticky_ipam::kube::DaemonSetFacts;
+        use crate::admin::DaemonSetFacts;
         type Found = Result<Option<DaemonSetFacts>, ApiError>;
         let ds = |image: &str, desired: u64, updated: u64| -> Found {
             Ok(Some(DaemonSetFacts {
