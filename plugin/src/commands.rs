@@ -16,7 +16,7 @@ use crate::datapath::macvlan::{self, Expected, LinkSpec};
 use crate::datapath::netns::{open_netns, OpenNetnsError};
 use crate::datapath::rtnl::RtnlClient;
 use crate::datapath::{parse_mac, Mac, Netlink, Ns};
-use crate::ipam::Ipam;
+use crate::ipam_driver::{add_and_bind, Ipam};
 use crate::log;
 
 /// What the process prints on success (None: print nothing).
@@ -31,7 +31,7 @@ pub fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Output> {
     start_log("sticky-macvlan", &conf.common, env);
     let mut ipam = match &conf.common.ipam {
         None => None,
-        Some(section) => Some(crate::ipam::for_section(section, env, &conf, stdin)?),
+        Some(section) => Some(crate::ipam_driver::for_section(section, env, &conf, stdin)?),
     };
     let ipam_dyn = ipam.as_mut().map(|i| i.as_mut() as &mut dyn Ipam);
     let result = match env.command {
@@ -159,22 +159,9 @@ pub fn add(
     };
     let result = match (ipam, prepared) {
         (Some(ipam), Some(prepared)) => {
-            ipam.add(prepared, conf.probe.fresh).and_then(|allocation| {
+            add_and_bind(ipam, prepared, conf.probe.fresh, |allocation| {
                 cni::fault::point(cni::fault::ADD_CLAIM_WRITTEN);
-                let (result, unproven) = (allocation.result.clone(), allocation.unproven.clone());
-                match attach.l3(nl, result, &unproven) {
-                    Ok(answer) => {
-                        ipam.succeeded(&allocation);
-                        Ok(answer)
-                    }
-                    Err(e) => {
-                        ipam.report_refusal(&e);
-                        let release = ipam
-                            .undo_add(allocation)
-                            .map_err(|r| r.context("cannot release the IPAM after a failed ADD"));
-                        Err(macvlan::with_cleanup(e, release))
-                    }
-                }
+                attach.l3(nl, allocation.result.clone(), &allocation.unproven)
             })
         }
         _ => attach.l2(nl),

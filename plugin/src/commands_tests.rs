@@ -14,17 +14,17 @@ struct FakeIpam {
 }
 
 impl Ipam for FakeIpam {
-    fn prepare_add(&mut self) -> CniResult<crate::ipam::Prepared> {
+    fn prepare_add(&mut self) -> CniResult<crate::ipam_driver::Prepared> {
         if self.fail_prepare {
             return Err(CniError::invalid_config("args.cni.identity is empty"));
         }
-        Ok(crate::ipam::Prepared::Nothing)
+        Ok(crate::ipam_driver::Prepared::Nothing)
     }
     fn add(
         &mut self,
-        _prepared: crate::ipam::Prepared,
+        _prepared: crate::ipam_driver::Prepared,
         probe_fresh: bool,
-    ) -> CniResult<crate::ipam::Allocation> {
+    ) -> CniResult<crate::ipam_driver::Allocation> {
         self.adds += 1;
         if self.fail_add {
             return Err(CniError::new(code::TRY_AGAIN_LATER, "pool busy"));
@@ -43,9 +43,11 @@ impl Ipam for FakeIpam {
         } else {
             self.taken.clone()
         };
-        Ok(crate::ipam::Allocation::undone_by_del(result, unproven))
+        Ok(crate::ipam_driver::Allocation::undone_by_del(
+            result, unproven,
+        ))
     }
-    fn undo_add(&mut self, _allocation: crate::ipam::Allocation) -> CniResult<()> {
+    fn undo_add(&mut self, _allocation: crate::ipam_driver::Allocation) -> CniResult<()> {
         self.del()
     }
     fn del(&mut self) -> CniResult<()> {

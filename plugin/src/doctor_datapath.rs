@@ -7,7 +7,7 @@ use sticky_ops::doctor::{Datapath, LinkFacts, Network};
 use crate::commands::connect;
 use crate::config::NetConf;
 use crate::datapath::{Netlink, Ns};
-use crate::ipam::IN_PROCESS;
+use crate::ipam_driver::IN_PROCESS;
 
 /// The node's netns, as the doctor process sees it.
 pub struct NodeDatapath;

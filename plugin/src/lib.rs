@@ -7,6 +7,6 @@ pub mod commands;
 pub mod config;
 pub mod datapath;
 pub mod doctor_datapath;
-pub mod ipam;
+pub mod ipam_driver;
 pub mod standalone;
 pub use cni::log;

@@ -12,6 +12,7 @@ use sticky_macvlan::cni::skel::{fail, log_outcome, require_verb, start_log, succ
 use sticky_macvlan::cni::{self as cni, CniEnv, CniError, CniResult, CniVersion, Command};
 use sticky_macvlan::config::ProbeConf;
 use sticky_macvlan::doctor_datapath::NodeDatapath;
+use sticky_macvlan::ipam_driver::{add_and_bind, Ipam};
 use sticky_macvlan::standalone::confirm_on_wire;
 use sticky_ops::dispatch::STICKY_IPAM;
 
@@ -53,35 +54,17 @@ fn run(env: &CniEnv, stdin: &[u8]) -> CniResult<Option<Value>> {
         ProbeConf::default()
     };
     let result = match env.command {
-        Command::Add => ipam
-            .prepare_add()
-            .and_then(|prepared| ipam.add(prepared))
-            .and_then(|granted| {
-                let answer =
-                    confirm_on_wire(env, &probe, &ipam.must_confirm(&granted, probe.fresh))
-                        .and_then(|()| granted.output.to_json(conf.cni_version));
-                match answer {
-                    Ok(json) => {
-                        ipam.succeeded(&granted);
-                        Ok(Some(json))
-                    }
-                    // Nothing may stay claimed for an address the wire
-                    // refused or an answer the caller never gets.
-                    Err(e) => {
-                        ipam.report_refusal(&e);
-                        Err(match ipam.undo_add(granted) {
-                            Ok(()) => e,
-                            Err(undo) => {
-                                e.context(format!("(and undoing the claim failed: {undo})"))
-                            }
-                        })
-                    }
-                }
-            }),
-        Command::Del => ipam.del().map(|()| None),
-        Command::Check => ipam.check().map(|()| None),
-        Command::Status => ipam.status().map(|()| None),
-        Command::Gc => ipam.gc(&gc_attachments(stdin)?).map(|()| None),
+        Command::Add => Ipam::prepare_add(&mut ipam).and_then(|prepared| {
+            add_and_bind(&mut ipam, prepared, probe.fresh, |allocation| {
+                confirm_on_wire(env, &probe, &allocation.unproven)?;
+                allocation.result.to_json(conf.cni_version)
+            })
+            .map(Some)
+        }),
+        Command::Del => Ipam::del(&mut ipam).map(|()| None),
+        Command::Check => Ipam::check(&mut ipam).map(|()| None),
+        Command::Status => Ipam::status(&mut ipam).map(|()| None),
+        Command::Gc => Ipam::gc(&mut ipam, &gc_attachments(stdin)?).map(|()| None),
         Command::Version => Ok(Some(cni::version::version_info())),
     };
     log_outcome(env.command, &result);

@@ -15,6 +15,7 @@ use sticky_ipam::cni_ipam::{Attachment, Granted, PreparedAdd, StickyIpam};
 use crate::cni::conf::IpamSection;
 use crate::cni::{code, CniEnv, CniError, CniOutput, CniResult, CniVersion, Command};
 use crate::config::NetConf;
+use crate::datapath::macvlan::with_cleanup;
 
 /// What `Ipam::prepare_add` checked before the plugin created anything;
 /// `Ipam::add` takes it, so the order cannot be got wrong.
@@ -73,6 +74,34 @@ pub trait Ipam {
     fn status(&mut self) -> CniResult<()>;
     /// `keep`: the (containerID, ifname) attachments the runtime still has.
     fn gc(&mut self, keep: &[(String, String)]) -> CniResult<()>;
+}
+
+/// The one ADD of an IPAM, for both binaries: allocate, hand the
+/// allocation to `bind` (confirm its unproven addresses on the wire, put
+/// them on the interface, make the answer), then record the success; when
+/// `bind` fails, tell the pod and undo the allocation, so nothing stays
+/// claimed for an address the wire refused or for an answer the runtime
+/// never gets (invariant: a failed ADD leaves nothing behind).
+pub fn add_and_bind<T>(
+    ipam: &mut dyn Ipam,
+    prepared: Prepared,
+    probe_fresh: bool,
+    bind: impl FnOnce(&Allocation) -> CniResult<T>,
+) -> CniResult<T> {
+    let allocation = ipam.add(prepared, probe_fresh)?;
+    match bind(&allocation) {
+        Ok(answer) => {
+            ipam.succeeded(&allocation);
+            Ok(answer)
+        }
+        Err(e) => {
+            ipam.report_refusal(&e);
+            let undo = ipam
+                .undo_add(allocation)
+                .map_err(|u| u.context("cannot release the IPAM after a failed ADD"));
+            Err(with_cleanup(e, undo))
+        }
+    }
 }
 
 /// The `ipam.type` served in-process.
@@ -308,6 +337,84 @@ impl DelegatedIpam {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Records what the ADD flow asked of it; its undo fails when told to.
+    #[derive(Default)]
+    struct Recorder {
+        calls: Vec<&'static str>,
+        undo_fails: bool,
+    }
+
+    impl Ipam for Recorder {
+        fn add(&mut self, _: Prepared, _: bool) -> CniResult<Allocation> {
+            self.calls.push("add");
+            let unproven = vec!["10.0.0.5".parse().unwrap()];
+            Ok(Allocation::undone_by_del(CniOutput::default(), unproven))
+        }
+        fn undo_add(&mut self, _: Allocation) -> CniResult<()> {
+            self.calls.push("undo");
+            if self.undo_fails {
+                return Err(CniError::new(code::STORE_UNREACHABLE, "api gone"));
+            }
+            Ok(())
+        }
+        fn succeeded(&mut self, _: &Allocation) {
+            self.calls.push("succeeded");
+        }
+        fn report_refusal(&mut self, _: &CniError) {
+            self.calls.push("refusal");
+        }
+        fn del(&mut self) -> CniResult<()> {
+            Ok(())
+        }
+        fn check(&mut self) -> CniResult<()> {
+            Ok(())
+        }
+        fn status(&mut self) -> CniResult<()> {
+            Ok(())
+        }
+        fn gc(&mut self, _: &[(String, String)]) -> CniResult<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn an_add_is_confirmed_only_after_the_bind_and_undone_when_it_fails() {
+        let mut ok = Recorder::default();
+        let got = add_and_bind(&mut ok, Prepared::Nothing, false, |a| Ok(a.unproven.len()));
+        assert_eq!(got.unwrap(), 1);
+        assert_eq!(ok.calls, ["add", "succeeded"]);
+
+        let refused = || {
+            CniError::new(
+                code::TRY_AGAIN_LATER,
+                "10.0.0.5 answers from 02:00:00:00:00:09",
+            )
+        };
+        let mut wire = Recorder::default();
+        let e = add_and_bind(&mut wire, Prepared::Nothing, false, |_| {
+            Err::<(), _>(refused())
+        })
+        .unwrap_err();
+        assert_eq!(wire.calls, ["add", "refusal", "undo"]);
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+
+        // A failed undo is reported with the refusal, which keeps its code.
+        let mut stuck = Recorder {
+            undo_fails: true,
+            ..Recorder::default()
+        };
+        let e = add_and_bind(&mut stuck, Prepared::Nothing, false, |_| {
+            Err::<(), _>(refused())
+        })
+        .unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert!(
+            e.msg.contains("02:00:00:00:00:09") && e.msg.contains("cannot release the IPAM"),
+            "{}",
+            e.msg
+        );
+    }
 
     #[test]
     fn delegate_error_keeps_code_and_names_the_plugin() {
