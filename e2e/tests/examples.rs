@@ -88,7 +88,7 @@ fn every_nad_config_is_accepted() {
         {
             nads += 1;
             let config = doc["spec"]["config"].as_str().expect("spec.config");
-            let conf = sticky_macvlan::config::NetConf::parse(config.as_bytes())
+            let conf = sticky_macvlan::netconf::NetConf::parse(config.as_bytes())
                 .unwrap_or_else(|e| panic!("{}: {}", path.display(), e.msg));
             let ipam: Value = serde_json::from_str(config).expect("json");
             if ipam["ipam"]["type"] == "sticky-ipam" {

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use serde_json::Value;
 
 use crate::cni::{CniEnv, CniError, CniOutput, CniResult, Interface};
-use crate::config::NetConf;
+use crate::netconf::NetConf;
 use crate::datapath::macvlan::{self, CreatedLink};
 use crate::datapath::{Netlink, Ns};
 

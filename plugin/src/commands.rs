@@ -11,7 +11,7 @@ use crate::attach::Attach;
 use crate::cni::conf::gc_attachments;
 use crate::cni::skel::{log_outcome, require_verb, start_log};
 use crate::cni::{code, CniArgs, CniEnv, CniError, CniOutput, CniResult, Command};
-use crate::config::NetConf;
+use crate::netconf::NetConf;
 use crate::datapath::macvlan::{self, Expected, LinkSpec};
 use crate::datapath::netns::{open_netns, OpenNetnsError};
 use crate::datapath::rtnl::RtnlClient;

@@ -5,7 +5,7 @@ use serde_json::Value;
 use sticky_ops::doctor::{Datapath, LinkFacts, Network};
 
 use crate::commands::connect;
-use crate::config::NetConf;
+use crate::netconf::NetConf;
 use crate::datapath::{Netlink, Ns};
 use crate::ipam_driver::IN_PROCESS;
 

@@ -14,7 +14,7 @@ use sticky_ipam::cni_ipam::{Attachment, Granted, PreparedAdd, StickyIpam};
 
 use crate::cni::conf::IpamSection;
 use crate::cni::{code, CniEnv, CniError, CniOutput, CniResult, CniVersion, Command};
-use crate::config::NetConf;
+use crate::netconf::NetConf;
 use crate::datapath::macvlan::with_cleanup;
 
 /// What `Ipam::prepare_add` checked before the plugin created anything;

@@ -4,7 +4,7 @@
 pub mod attach;
 pub use cni;
 pub mod commands;
-pub mod config;
+pub mod netconf;
 pub mod datapath;
 pub mod doctor_datapath;
 pub mod ipam_driver;

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use crate::cni::{CniEnv, CniError, CniResult};
 use crate::commands::connect;
-use crate::config::ProbeConf;
+use crate::netconf::ProbeConf;
 use crate::datapath::macvlan::{self, CreatedLink};
 use crate::datapath::{Netlink, Ns};
 

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 use sticky_ipam::config::IpamConfig;
 use sticky_macvlan::cni::{self, CniError, CniOutput, CniVersion};
-use sticky_macvlan::config::NetConf;
+use sticky_macvlan::netconf::NetConf;
 
 fn cases() -> u32 {
     std::env::var("STICKY_FUZZ_CASES")

@@ -538,7 +538,7 @@ impl KubeApi for KubeClient {
     fn get_node(&self, name: &str) -> ApiResult<Option<ClusterNode>> {
         let api: Api<Node> = Api::all(self.client.clone());
         let node = self.get_opt(&format!("get node {name}"), api.get(name))?;
-        Ok(node.map(|n| node_facts(&n)))
+        Ok(node.map(|n| cluster_node(&n)))
     }
 
     fn get_stateful_set(&self, namespace: &str, name: &str) -> ApiResult<Option<StatefulSetFacts>> {
@@ -681,7 +681,7 @@ pub fn pod_facts(p: &Pod) -> PodFacts {
     }
 }
 
-pub fn node_facts(n: &Node) -> ClusterNode {
+pub fn cluster_node(n: &Node) -> ClusterNode {
     let spec = n.spec.as_ref();
     ClusterNode {
         out_of_service: spec
