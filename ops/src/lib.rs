@@ -33,4 +33,6 @@ pub mod release;
 pub mod stop;
 
 #[cfg(test)]
+mod reference_tests;
+#[cfg(test)]
 mod tests;

@@ -9,9 +9,9 @@ use std::net::IpAddr;
 use serde_json::Value;
 
 use crate::cni::{CniEnv, CniError, CniOutput, CniResult, Interface};
-use crate::netconf::NetConf;
 use crate::datapath::macvlan::{self, CreatedLink};
 use crate::datapath::{Netlink, Ns};
+use crate::netconf::NetConf;
 
 /// What the setup needs to know of the ADD.
 pub struct Attach<'a> {

@@ -11,13 +11,13 @@ use crate::attach::Attach;
 use crate::cni::conf::gc_attachments;
 use crate::cni::skel::{log_outcome, require_verb, start_log};
 use crate::cni::{code, CniArgs, CniEnv, CniError, CniOutput, CniResult, Command};
-use crate::netconf::NetConf;
 use crate::datapath::macvlan::{self, Expected, LinkSpec};
 use crate::datapath::netns::{open_netns, OpenNetnsError};
 use crate::datapath::rtnl::RtnlClient;
 use crate::datapath::{parse_mac, Mac, Netlink, Ns};
 use crate::ipam_driver::{add_and_bind, Ipam};
 use crate::log;
+use crate::netconf::NetConf;
 
 /// What the process prints on success (None: print nothing).
 pub type Output = Option<Value>;

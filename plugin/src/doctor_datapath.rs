@@ -5,9 +5,9 @@ use serde_json::Value;
 use sticky_ops::doctor::{Datapath, LinkFacts, Network};
 
 use crate::commands::connect;
-use crate::netconf::NetConf;
 use crate::datapath::{Netlink, Ns};
 use crate::ipam_driver::IN_PROCESS;
+use crate::netconf::NetConf;
 
 /// The node's netns, as the doctor process sees it.
 pub struct NodeDatapath;

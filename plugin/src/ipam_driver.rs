@@ -14,8 +14,8 @@ use sticky_ipam::cni_ipam::{Attachment, Granted, PreparedAdd, StickyIpam};
 
 use crate::cni::conf::IpamSection;
 use crate::cni::{code, CniEnv, CniError, CniOutput, CniResult, CniVersion, Command};
-use crate::netconf::NetConf;
 use crate::datapath::macvlan::with_cleanup;
+use crate::netconf::NetConf;
 
 /// What `Ipam::prepare_add` checked before the plugin created anything;
 /// `Ipam::add` takes it, so the order cannot be got wrong.

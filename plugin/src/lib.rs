@@ -4,9 +4,12 @@
 pub mod attach;
 pub use cni;
 pub mod commands;
-pub mod netconf;
 pub mod datapath;
 pub mod doctor_datapath;
 pub mod ipam_driver;
+pub mod netconf;
 pub mod standalone;
 pub use cni::log;
+
+#[cfg(test)]
+mod reference_tests;

@@ -72,7 +72,7 @@ struct RawProbe {
 }
 
 /// Our top-level keys (beside `CommonConf`'s own: logFile, logLevel).
-const MACVLAN_KEYS: &[&str] = &[
+pub const MACVLAN_KEYS: &[&str] = &[
     "master",
     "mode",
     "mtu",
@@ -86,7 +86,7 @@ const MACVLAN_KEYS: &[&str] = &[
     "logLevel",
 ];
 
-const PROBE_KEYS: &[&str] = &["count", "intervalMs", "fresh", "riskDuplicateAddresses"];
+pub const PROBE_KEYS: &[&str] = &["count", "intervalMs", "fresh", "riskDuplicateAddresses"];
 
 fn refuse_unknown_keys(value: &serde_json::Value) -> CniResult<()> {
     use crate::cni::keys::{refuse_unknown_in, DNS_KEYS, MULTUS_KEYS, SPEC_KEYS};

@@ -8,9 +8,9 @@ use std::net::IpAddr;
 
 use crate::cni::{CniEnv, CniError, CniResult};
 use crate::commands::connect;
-use crate::netconf::ProbeConf;
 use crate::datapath::macvlan::{self, CreatedLink};
 use crate::datapath::{Netlink, Ns};
+use crate::netconf::ProbeConf;
 
 /// Probes `ips` from `CNI_IFNAME` in `CNI_NETNS`; an answer is code 11.
 pub fn confirm_on_wire(env: &CniEnv, probe: &ProbeConf, ips: &[IpAddr]) -> CniResult<()> {

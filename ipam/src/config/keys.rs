@@ -7,7 +7,7 @@ use serde_json::Value;
 use cni::CniResult;
 
 /// The keys of an `ipam` section of ours.
-const IPAM_KEYS: &[&str] = &[
+pub const IPAM_KEYS: &[&str] = &[
     "type",
     "subnet",
     "rangeStart",
@@ -30,16 +30,16 @@ const IPAM_KEYS: &[&str] = &[
 
 /// host-local keys accepted so a NAD converts by changing `type`, with no
 /// effect here.
-const HOST_LOCAL_ONLY_KEYS: &[&str] = &[
+pub const HOST_LOCAL_ONLY_KEYS: &[&str] = &[
     // host-local reads DNS from this file; macvlan (ours and the
     // reference) never passes an IPAM's dns on, so it changes nothing.
     "resolvConf",
 ];
 
-const STORE_KEYS: &[&str] = &["type", "dir", "kubeconfig", "timeoutMs"];
-const RANGE_KEYS: &[&str] = &["subnet", "rangeStart", "rangeEnd", "gateway"];
-const RESERVATION_KEYS: &[&str] = &["ip", "namespaces"];
-const RETENTION_KEYS: &[&str] = &["whenScaled", "whenDeleted"];
+pub const STORE_KEYS: &[&str] = &["type", "dir", "kubeconfig", "timeoutMs"];
+pub const RANGE_KEYS: &[&str] = &["subnet", "rangeStart", "rangeEnd", "gateway"];
+pub const RESERVATION_KEYS: &[&str] = &["ip", "namespaces"];
+pub const RETENTION_KEYS: &[&str] = &["whenScaled", "whenDeleted"];
 
 /// A typo among our keys is an error (code 2) naming it, never a silent
 /// default: a misspelt `reservations` would hand a reserved address to

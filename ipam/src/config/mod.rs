@@ -20,7 +20,7 @@ pub const DEFAULT_STORE_DIR: &str = "/var/lib/cni/sticky-ipam";
 /// cursor, so a /64 costs what a /24 costs.
 pub const DEFAULT_MAX_SCAN: u128 = 1 << 18;
 
-mod keys;
+pub mod keys;
 mod range;
 
 use keys::refuse_unknown_keys;

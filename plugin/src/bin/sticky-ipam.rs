@@ -10,9 +10,9 @@ use sticky_ipam::cni_ipam::{Attachment, StickyIpam};
 use sticky_macvlan::cni::conf::{gc_attachments, CommonConf};
 use sticky_macvlan::cni::skel::{fail, log_outcome, require_verb, start_log, succeed, Invocation};
 use sticky_macvlan::cni::{self as cni, CniEnv, CniError, CniResult, CniVersion, Command};
-use sticky_macvlan::netconf::ProbeConf;
 use sticky_macvlan::doctor_datapath::NodeDatapath;
 use sticky_macvlan::ipam_driver::{add_and_bind, Ipam};
+use sticky_macvlan::netconf::ProbeConf;
 use sticky_macvlan::standalone::confirm_on_wire;
 use sticky_ops::dispatch::STICKY_IPAM;
 
