@@ -49,7 +49,7 @@ pub struct Context<'a> {
     pub datapath: &'a dyn Datapath,
 }
 
-pub struct Command {
+pub struct Subcommand {
     pub name: &'static str,
     /// For the command list of `--help`; lines after the first are
     /// indented there.
@@ -87,8 +87,8 @@ pub const STORE_OPTIONS: &str =
                       (default /run/containerd/containerd.sock; \"\" asks none)
 ";
 
-pub const COMMANDS: &[Command] = &[
-    Command {
+pub const COMMANDS: &[Subcommand] = &[
+    Subcommand {
         name: "claims",
         summary: "list claims: network, IP, identity, sticky, holder, node, state, age",
         synopsis: "claims [store options] [--network NET] [--namespace NS] [--output json|yaml|wide | --json]",
@@ -111,7 +111,7 @@ stderr, and \"evidence\" in --json, say which was used.",
         only: None,
         run: |ctx, args| claim_command(ctx, "claims", args, crate::claims::run),
     },
-    Command {
+    Subcommand {
         name: "release",
         summary: "remove a claim: --ip IP or --identity ID (with --network);
 refuses while its holder is alive unless --force;
@@ -134,7 +134,7 @@ name, or identities/NAME, holders/NAME) and rebuilds the network's indexes.",
         only: None,
         run: |ctx, args| claim_command(ctx, "release", args, crate::release::run),
     },
-    Command {
+    Subcommand {
         name: "reconcile",
         summary: "release every holder confirmed dead, once or every
 --interval SECONDS, printing a summary line per sweep;
@@ -163,7 +163,7 @@ plugins' Events), releases, sweeps, failed sweeps and API errors. With
         only: None,
         run: |ctx, args| claim_command(ctx, "reconcile", args, crate::reconcile::run),
     },
-    Command {
+    Subcommand {
         name: "import-host-local",
         summary: "adopt a host-local directory (--from DIR/NETWORK) into
 --network, so a live node switches without IP conflicts",
@@ -188,7 +188,7 @@ holder is a conflict, listed, and the exit code is non-zero.",
             )
         },
     },
-    Command {
+    Subcommand {
         name: "import-whereabouts",
         summary: "adopt a Whereabouts range's allocations (--range CIDR)
 into --network on the kubernetes store",
@@ -213,7 +213,7 @@ import-host-local. Needs list on ippools and get on pods.",
             )
         },
     },
-    Command {
+    Subcommand {
         name: "install",
         summary: "install onto this node from the DaemonSet",
         synopsis: "install [--cni-bin-dir DIR] [--cni-conf-dir DIR] [--host-cni-conf-dir DIR] [--service-account DIR] [--node-name NAME] [--service-account-name NAME] [--wait]",
@@ -223,7 +223,7 @@ import-host-local. Needs list on ippools and get on pods.",
         only: Some("sticky-macvlan"),
         run: |ctx, args| crate::install::main(ctx.program.name, args),
     },
-    Command {
+    Subcommand {
         name: "doctor",
         summary: "check this node and a network's config; every problem
 with its fix",
@@ -234,7 +234,7 @@ with its fix",
         only: None,
         run: |ctx, args| crate::doctor::main(ctx.program.name, args, ctx.datapath),
     },
-    Command {
+    Subcommand {
         name: "crd",
         summary: "print the IPClaim and IPLock CustomResourceDefinitions (YAML)",
         synopsis: "crd",
@@ -245,7 +245,7 @@ with its fix",
         only: None,
         run: |ctx, _| crate::crd::main(ctx.program.name),
     },
-    Command {
+    Subcommand {
         name: "version",
         summary: "print the version and the CNI versions supported",
         synopsis: "version",
@@ -262,7 +262,7 @@ with its fix",
             ExitCode::SUCCESS
         },
     },
-    Command {
+    Subcommand {
         name: "help",
         summary: "print this help",
         synopsis: "help",
@@ -278,7 +278,7 @@ with its fix",
 ];
 
 /// The command named `name` (also by `--version`, `-h` and the like).
-pub fn command(name: &str) -> Option<&'static Command> {
+pub fn command(name: &str) -> Option<&'static Subcommand> {
     let name = match name {
         "--help" | "-h" => "help",
         "--version" | "-V" => "version",
@@ -321,7 +321,7 @@ Set CNI_COMMAND to run as a plugin, e.g.
 }
 
 /// `COMMAND --help`.
-pub fn command_usage(program: &str, c: &Command) -> String {
+pub fn command_usage(program: &str, c: &Subcommand) -> String {
     let mut out = format!("Usage: {program} {}\n\n{}\n", c.synopsis, c.description);
     if !c.options.is_empty() {
         out += &format!("\nOptions:\n{}", c.options);
@@ -332,7 +332,7 @@ pub fn command_usage(program: &str, c: &Command) -> String {
     out
 }
 
-fn runs_on(c: &Command, program: &Program) -> bool {
+fn runs_on(c: &Subcommand, program: &Program) -> bool {
     c.only.is_none_or(|only| only == program.name)
 }
 
