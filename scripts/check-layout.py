@@ -7,8 +7,9 @@
 2. One name per concept: a type (struct, enum, trait, type alias) is
    declared once in the code that ships and the harness (tests aside).
 3. Within one crate no two modules share a name (no `liveness` twice).
-4. Every crate folder X is the package sticky-X (plugin/ carries the
-   product's name, sticky-macvlan).
+4. Every crate folder X is the package sticky-X, whose lib has the same
+   name (plugin/ carries the product's name, sticky-macvlan; the others
+   name sticky-cni `cni` as a dependency, the protocol's own name).
 """
 import collections
 import pathlib
@@ -36,6 +37,8 @@ def main():
         name = re.search(r'^name = "([^"]+)"', toml, re.M).group(1)
         if name != PACKAGE[crate]:
             problems.append(f"{crate}/Cargo.toml: package {name!r}, expected {PACKAGE[crate]!r}")
+        if re.search(r"^\[lib\][^\[]*^name =", toml, re.M):
+            problems.append(f"{crate}/Cargo.toml: the lib is renamed; it keeps the package's name")
         modules = collections.defaultdict(list)
         for p in sources(crate):
             text = p.read_text()
