@@ -187,7 +187,7 @@ fn rbac_is_least_privilege() {
     assert_eq!(
         kube_calls_in_the_client(),
         granted,
-        "deploy/20-rbac.yaml and ipam/src/kube/client.rs disagree"
+        "deploy/20-rbac.yaml and ipam/src/kube/client/requests.rs disagree"
     );
     assert_eq!(
         rules("sticky-macvlan"),
@@ -260,8 +260,9 @@ fn rbac_is_least_privilege() {
 /// each method of `impl KubeApi for KubeClient`, the kind its `Api` is for
 /// and the kube-rs calls on it.
 fn kube_calls_in_the_client() -> Vec<(String, String)> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ipam/src/kube/client.rs");
-    let src = std::fs::read_to_string(&path).expect("read client.rs");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../ipam/src/kube/client/requests.rs");
+    let src = std::fs::read_to_string(&path).expect("read ipam/src/kube/client/requests.rs");
     let start = src
         .find("impl KubeApi for KubeClient")
         .expect("impl KubeApi for KubeClient");
