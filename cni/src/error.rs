@@ -69,7 +69,8 @@ pub mod code {
 }
 
 /// Why an ADD was refused, for the refusals a person acts on: the pod's
-/// Event names it (`sticky_ipam::events`). Never part of the CNI answer.
+/// Event names it (`sticky_ipam::events::refusal_reason`). Never part of
+/// the CNI answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     /// The address's holder may still be alive (liveness rules).
@@ -82,19 +83,6 @@ pub enum Refusal {
     AnsweredOnWire,
     /// A sticky identity of another namespace.
     NamespaceNotAllowed,
-}
-
-impl Refusal {
-    /// The Event reason (UpperCamelCase, as Kubernetes reasons are).
-    pub fn reason(self) -> &'static str {
-        match self {
-            Refusal::HolderAlive => "StickyAddressHeld",
-            Refusal::PoolExhausted => "StickyPoolExhausted",
-            Refusal::AddressReserved => "StickyAddressReserved",
-            Refusal::AnsweredOnWire => "StickyAddressAnswered",
-            Refusal::NamespaceNotAllowed => "StickyNamespaceNotAllowed",
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,7 +29,7 @@ const PLUGIN_USER: &str = "sticky-macvlan-e2e-node";
 pub const PLUGIN_GROUP: &str = "sticky-macvlan:e2e-nodes";
 const ADMIN_TOKEN: &str = "e2e-admin-token";
 
-enum Backend {
+enum ServerKind {
     /// etcd and kube-apiserver; requests counted from the audit log, from
     /// `counted_from` bytes on.
     Real {
@@ -45,8 +45,8 @@ enum Backend {
     Stopped,
 }
 
-pub struct KubeApi {
-    backend: Backend,
+pub struct ApiServer {
+    backend: ServerKind,
     /// The kubeconfig the plugins use.
     pub kubeconfig: PathBuf,
     /// The harness's own (system:masters on the real server), for bulk
@@ -213,7 +213,7 @@ impl Topology {
     /// The real API server: etcd and kube-apiserver in the API netns, the
     /// IPClaim CRD installed and deploy/20-rbac.yaml's ClusterRole bound to
     /// the plugins' token.
-    pub fn start_api(&mut self) -> KubeApi {
+    pub fn start_api(&mut self) -> ApiServer {
         let etcd_bin = cluster_binary("etcd");
         let apiserver_bin = cluster_binary("kube-apiserver");
         let api = self.management_plane();
@@ -306,9 +306,9 @@ impl Topology {
             .replace(PLUGIN_TOKEN, ADMIN_TOKEN),
         )
         .expect("write the admin kubeconfig");
-        let api = KubeApi {
+        let api = ApiServer {
             admin_kubeconfig,
-            backend: Backend::Real {
+            backend: ServerKind::Real {
                 etcd,
                 apiserver,
                 audit_log,
@@ -347,7 +347,7 @@ impl Topology {
 
     /// Our stand-in API server, for the faults a real one cannot be made
     /// to produce.
-    pub fn start_standin(&mut self) -> KubeApi {
+    pub fn start_standin(&mut self) -> ApiServer {
         let api = self.management_plane();
         let control = self.state_dir.join("standin.sock");
         let log_path = std::env::var_os("STICKY_E2E_STANDIN_LOG")
@@ -358,8 +358,8 @@ impl Topology {
         let args = ["--listen", &listen, "--control", &control_path];
         let child = spawn_in(&api, &standin_binary(), &args, &log_path);
         let kubeconfig = self.state_dir.join("kubeconfig");
-        let standin = KubeApi {
-            backend: Backend::StandIn { child, control },
+        let standin = ApiServer {
+            backend: ServerKind::StandIn { child, control },
             kubeconfig: kubeconfig.clone(),
             admin_kubeconfig: kubeconfig.clone(),
             netns: api,
@@ -447,7 +447,7 @@ fn parse_answer(raw: &[u8]) -> (u16, Value) {
     (code, json)
 }
 
-impl KubeApi {
+impl ApiServer {
     /// Namespace `ns` with the default service account pod admission wants
     /// (no controller makes it here); once per namespace.
     fn ensure_namespace(&self, ns: &str) {
@@ -475,7 +475,7 @@ impl KubeApi {
 
     /// Whether this is the real kube-apiserver (not the stand-in).
     pub fn is_real(&self) -> bool {
-        matches!(self.backend, Backend::Real { .. })
+        matches!(self.backend, ServerKind::Real { .. })
     }
 
     /// A request as the cluster admin (the harness's own requests, never
@@ -537,7 +537,7 @@ impl KubeApi {
             "application/json"
         };
         match &self.backend {
-            Backend::StandIn { control, .. } => {
+            ServerKind::StandIn { control, .. } => {
                 let mut s = UnixStream::connect(control)?;
                 s.set_read_timeout(Some(Duration::from_secs(10)))?;
                 write!(
@@ -550,7 +550,7 @@ impl KubeApi {
                 s.read_to_end(&mut raw)?;
                 Ok(parse_answer(&raw))
             }
-            Backend::Real { .. } => {
+            ServerKind::Real { .. } => {
                 let mut child = Command::new("ip")
                     .args([
                         "netns",
@@ -588,7 +588,7 @@ impl KubeApi {
                 }
                 Ok(parse_answer(&out.stdout))
             }
-            Backend::Stopped => Err(std::io::Error::other("the API server was stopped")),
+            ServerKind::Stopped => Err(std::io::Error::other("the API server was stopped")),
         }
     }
 
@@ -880,7 +880,7 @@ impl KubeApi {
     /// CPU time so far (user + system, ms) and resident memory (MiB) of
     /// kube-apiserver and of etcd; None on the stand-in.
     pub fn server_usage(&self) -> Option<[(f64, f64); 2]> {
-        let Backend::Real {
+        let ServerKind::Real {
             etcd, apiserver, ..
         } = &self.backend
         else {
@@ -911,7 +911,7 @@ impl KubeApi {
     /// harness): on the real server, from its audit log.
     pub fn stats(&self) -> Value {
         match &self.backend {
-            Backend::Real {
+            ServerKind::Real {
                 audit_log,
                 counted_from,
                 ..
@@ -926,7 +926,7 @@ impl KubeApi {
 
     pub fn reset_stats(&self) {
         match &self.backend {
-            Backend::Real {
+            ServerKind::Real {
                 audit_log,
                 counted_from,
                 ..
@@ -968,16 +968,16 @@ impl KubeApi {
     /// The pid of the process that answers the API (to SIGSTOP it).
     pub fn server_pid(&self) -> Option<u32> {
         match &self.backend {
-            Backend::Real { apiserver, .. } => Some(apiserver.id()),
-            Backend::StandIn { child, .. } => Some(child.id()),
-            Backend::Stopped => None,
+            ServerKind::Real { apiserver, .. } => Some(apiserver.id()),
+            ServerKind::StandIn { child, .. } => Some(child.id()),
+            ServerKind::Stopped => None,
         }
     }
 
     /// Stops the API server (the API becomes unreachable).
     pub fn stop(&mut self) {
-        match std::mem::replace(&mut self.backend, Backend::Stopped) {
-            Backend::Real {
+        match std::mem::replace(&mut self.backend, ServerKind::Stopped) {
+            ServerKind::Real {
                 mut etcd,
                 mut apiserver,
                 ..
@@ -987,17 +987,17 @@ impl KubeApi {
                     let _ = c.wait();
                 }
             }
-            Backend::StandIn { mut child, control } => {
+            ServerKind::StandIn { mut child, control } => {
                 let _ = child.kill();
                 let _ = child.wait();
                 let _ = std::fs::remove_file(control);
             }
-            Backend::Stopped => {}
+            ServerKind::Stopped => {}
         }
     }
 }
 
-impl Drop for KubeApi {
+impl Drop for ApiServer {
     fn drop(&mut self) {
         self.stop();
     }

@@ -26,7 +26,7 @@ const NETWORK: &str = "mo-ours";
 
 /// One run's wall times, ms.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Sample {
+pub struct OverheadSample {
     pub multus_add: f64,
     pub multus_del: f64,
     /// The cluster network's plugin (`bridge` + `host-local`) alone.
@@ -37,7 +37,7 @@ pub struct Sample {
     pub ours_del: f64,
 }
 
-/// The rows of the table, in the order of `Sample::by_path`.
+/// The rows of the table, in the order of `OverheadSample::by_path`.
 pub const PATHS: [&str; 4] = [
     "through Multus thin: cluster network, then sticky-macvlan on net1",
     "the cluster network alone (bridge + host-local), direct",
@@ -45,7 +45,7 @@ pub const PATHS: [&str; 4] = [
     "Multus' own share (through Multus less both delegates, per run)",
 ];
 
-impl Sample {
+impl OverheadSample {
     /// (ADD, DEL) for each of `PATHS`; Multus' own share is what it adds
     /// over its two delegates run directly.
     pub fn by_path(&self) -> [(f64, f64); 4] {
@@ -161,7 +161,7 @@ fn primary_config(conflist: &str) -> String {
 /// `runs` interleaved runs on NODE (direct first on even runs, Multus
 /// first on odd ones). Needs the cluster in Multus thin mode and
 /// sticky-macvlan installed (`LocalCluster::install`).
-pub fn measure(c: &LocalCluster, node: &str, runs: usize) -> Vec<Sample> {
+pub fn measure(c: &LocalCluster, node: &str, runs: usize) -> Vec<OverheadSample> {
     assert_eq!(
         c.multus_mode(),
         "thin",
@@ -187,7 +187,7 @@ pub fn measure(c: &LocalCluster, node: &str, runs: usize) -> Vec<Sample> {
     let primary = primary_config(&read("multus.d/podnet/podnet.conflist"));
     let mut out = Vec::with_capacity(runs);
     for i in 0..runs {
-        let mut s = Sample::default();
+        let mut s = OverheadSample::default();
         // A fresh sandbox of the gated pod: its container ID, netns and
         // the CNI_ARGS containerd passes.
         let sandbox = |tag: &str| {
@@ -199,7 +199,7 @@ pub fn measure(c: &LocalCluster, node: &str, runs: usize) -> Vec<Sample> {
             );
             (cid, netns, args)
         };
-        let direct = |s: &mut Sample| {
+        let direct = |s: &mut OverheadSample| {
             let (cid, netns, args) = sandbox("d");
             // Multus' delegate CNI_ARGS: IgnoreUnknown=true in front.
             let delegate_args = format!("IgnoreUnknown=true;{args}");
@@ -222,7 +222,7 @@ pub fn measure(c: &LocalCluster, node: &str, runs: usize) -> Vec<Sample> {
             s.ours_del = exec("sticky-macvlan", "DEL", "net1", &delegate_args, &nad_config);
             s.primary_del = exec("bridge", "DEL", "eth0", &args, &primary);
         };
-        let multus = |s: &mut Sample| {
+        let multus = |s: &mut OverheadSample| {
             let (cid, netns, args) = sandbox("m");
             let path = netns.path();
             let call = |command| Call {

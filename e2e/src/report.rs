@@ -128,7 +128,7 @@ impl Table {
 
 /// A target from the issue and whether this run met it. `cause` says why
 /// when it was missed; it is only shown then.
-pub struct Verdict {
+pub struct TargetOutcome {
     pub target: String,
     pub measured: String,
     pub met: bool,
@@ -138,7 +138,7 @@ pub struct Verdict {
 #[derive(Default)]
 pub struct Report {
     pub tables: Vec<Table>,
-    pub verdicts: Vec<Verdict>,
+    pub verdicts: Vec<TargetOutcome>,
     /// (file name, caption)
     pub plots: Vec<(String, String)>,
     pub notes: Vec<String>,
@@ -155,7 +155,7 @@ impl Report {
             "target {target}: {measured} -> {}",
             if met { "met" } else { "NOT met" }
         );
-        self.verdicts.push(Verdict {
+        self.verdicts.push(TargetOutcome {
             target: target.to_string(),
             measured,
             met,

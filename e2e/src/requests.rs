@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::kube_api::KubeApi;
+use crate::kube_api::ApiServer;
 use crate::scenario::{call, pod_args};
 use crate::Topology;
 
@@ -46,7 +46,7 @@ pub fn allowance(case: &str) -> (u64, &'static str) {
 }
 
 /// One sample: the total and the breakdown by "verb resource".
-pub struct Sample {
+pub struct RequestSample {
     pub total: u64,
     /// The best-effort Events among them, not in `total`.
     pub events: u64,
@@ -105,16 +105,16 @@ pub fn breakdown(stats: &Value) -> String {
 /// `ns`, the StatefulSet's pods are `rs-<i>` of StatefulSet `rs`.
 pub fn per_operation(
     topo: &mut Topology,
-    api: &KubeApi,
+    api: &ApiServer,
     ns: &str,
     samples: usize,
     conf: &dyn Fn(usize) -> Value,
-) -> BTreeMap<&'static str, Vec<Sample>> {
+) -> BTreeMap<&'static str, Vec<RequestSample>> {
     let set_uid = api.add_stateful_set(ns, "rs");
-    let mut counts: BTreeMap<&'static str, Vec<Sample>> = BTreeMap::new();
-    let record = |counts: &mut BTreeMap<&'static str, Vec<Sample>>, case: &'static str| {
+    let mut counts: BTreeMap<&'static str, Vec<RequestSample>> = BTreeMap::new();
+    let record = |counts: &mut BTreeMap<&'static str, Vec<RequestSample>>, case: &'static str| {
         let s = api.stats();
-        counts.entry(case).or_default().push(Sample {
+        counts.entry(case).or_default().push(RequestSample {
             total: total(&s),
             events: events(&s),
             breakdown: breakdown(&s),
@@ -174,7 +174,7 @@ pub fn per_operation(
 }
 
 /// (median, max) of the samples' totals.
-pub fn median_max(samples: &[Sample]) -> (u64, u64) {
+pub fn median_max(samples: &[RequestSample]) -> (u64, u64) {
     let mut v: Vec<u64> = samples.iter().map(|s| s.total).collect();
     v.sort();
     match (v.get(v.len() / 2), v.last()) {

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::{json, Value};
-use sticky_e2e::kube_api::{deploy_doc, plugin_cluster_role, KubeApi, PLUGIN_GROUP};
+use sticky_e2e::kube_api::{deploy_doc, plugin_cluster_role, ApiServer, PLUGIN_GROUP};
 use sticky_e2e::{configs, ip, our_plugin, Topology};
 
 struct Doctor {
@@ -85,7 +85,13 @@ fn bin_dir(topo: &Topology) -> String {
 
 /// A network config on the kubernetes store of `api`, saved as a NAD's
 /// spec.config would be, with `kubeconfig` and `master`.
-fn network(topo: &Topology, api: &KubeApi, name: &str, kubeconfig: &Path, master: &str) -> String {
+fn network(
+    topo: &Topology,
+    api: &ApiServer,
+    name: &str,
+    kubeconfig: &Path,
+    master: &str,
+) -> String {
     let mut c = configs::sticky(
         master,
         &topo.file("unused"),
@@ -99,7 +105,7 @@ fn network(topo: &Topology, api: &KubeApi, name: &str, kubeconfig: &Path, master
 
 /// A service account whose ClusterRole is the plugin's less one verb, and
 /// a token for it from the TokenRequest API.
-fn kubeconfig_missing_a_verb(topo: &Topology, api: &KubeApi) -> std::path::PathBuf {
+fn kubeconfig_missing_a_verb(topo: &Topology, api: &ApiServer) -> std::path::PathBuf {
     api.create(
         "/api/v1/namespaces/default/serviceaccounts",
         json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "short"}}),

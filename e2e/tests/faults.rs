@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
-use sticky_e2e::kube_api::KubeApi;
+use sticky_e2e::kube_api::ApiServer;
 use sticky_e2e::{configs, links_in, our_plugin, CniCall, CniReply, Pod, Topology};
 
 #[derive(Clone, Copy, PartialEq)]
@@ -49,7 +49,7 @@ struct Seen {
 
 struct Bench<'a> {
     topo: &'a mut Topology,
-    api: &'a KubeApi,
+    api: &'a ApiServer,
     store: Store,
     dir: std::path::PathBuf,
     seq: usize,
@@ -133,7 +133,7 @@ impl Bench<'_> {
 }
 
 /// The stand-in's IPClaim objects of the test network, as `Seen`.
-fn seen_objects(api: &KubeApi) -> Vec<Seen> {
+fn seen_objects(api: &ApiServer) -> Vec<Seen> {
     api.claims()
         .iter()
         .map(|c| Seen {

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sticky_e2e::kube_api::{assert_claim_invariants, KubeApi};
+use sticky_e2e::kube_api::{assert_claim_invariants, ApiServer};
 use sticky_e2e::{configs, our_ipam, our_plugin, CniCall, CniReply, Pod, Topology};
 
 const NS: &str = "default";
@@ -20,7 +20,7 @@ fn k8s(name: &str, uid: &str) -> String {
 
 /// Node `node`'s config: the kubernetes store, its own node name and
 /// node-local record.
-fn conf(topo: &Topology, api: &KubeApi, node: usize, extra: Value) -> Value {
+fn conf(topo: &Topology, api: &ApiServer, node: usize, extra: Value) -> Value {
     let mut ipam = json!({
         "store": {"type": "kubernetes", "kubeconfig": api.kubeconfig, "timeoutMs": api.request_timeout_ms.get(),
                   "dir": topo.file(&format!("node{}-local", node + 1))},
@@ -32,7 +32,14 @@ fn conf(topo: &Topology, api: &KubeApi, node: usize, extra: Value) -> Value {
     c
 }
 
-fn add(topo: &Topology, api: &KubeApi, node: usize, pod: &Pod, cid: &str, args: &str) -> CniReply {
+fn add(
+    topo: &Topology,
+    api: &ApiServer,
+    node: usize,
+    pod: &Pod,
+    cid: &str,
+    args: &str,
+) -> CniReply {
     let conf = conf(topo, api, node, json!({}));
     sticky_e2e::scenario::call(topo, node, "ADD", &conf, cid, pod, args)
 }
@@ -43,7 +50,7 @@ fn address(reply: &CniReply) -> String {
 }
 
 /// `nodes` node netns on the real kube-apiserver.
-fn cluster(nodes: usize) -> (Topology, KubeApi) {
+fn cluster(nodes: usize) -> (Topology, ApiServer) {
     let mut topo = Topology::new(nodes);
     let api = topo.start_api();
     add_nodes(&api, nodes);
@@ -52,20 +59,20 @@ fn cluster(nodes: usize) -> (Topology, KubeApi) {
 
 /// The same on the stand-in, for injected 409s (ARCHITECTURE.md, "Where
 /// a fake remains").
-fn cluster_on_standin(nodes: usize) -> (Topology, KubeApi) {
+fn cluster_on_standin(nodes: usize) -> (Topology, ApiServer) {
     let mut topo = Topology::new(nodes);
     let api = topo.start_standin();
     add_nodes(&api, nodes);
     (topo, api)
 }
 
-fn add_nodes(api: &KubeApi, nodes: usize) {
+fn add_nodes(api: &ApiServer, nodes: usize) {
     for i in 0..nodes {
         api.add_node(&api.node(i + 1));
     }
 }
 
-fn holder_node(api: &KubeApi, ip: &str) -> Option<String> {
+fn holder_node(api: &ApiServer, ip: &str) -> Option<String> {
     api.claims()
         .iter()
         .find(|c| c["spec"]["ip"] == ip)
@@ -325,7 +332,7 @@ fn requests_per_operation_on_the_real_api_server_meet_the_targets() {
 }
 
 /// Runs the 200 ADDs, checks them and returns the request counts.
-fn two_hundred_concurrent_adds(topo: &Topology, api: &KubeApi) -> Value {
+fn two_hundred_concurrent_adds(topo: &Topology, api: &ApiServer) -> Value {
     api.reset_stats();
     let started = Instant::now();
     let mut children = Vec::new();
@@ -426,7 +433,7 @@ fn unreachable_api_serves_only_same_pod_readds() {
     );
 }
 
-fn server_pid(api: &KubeApi) -> String {
+fn server_pid(api: &ApiServer) -> String {
     api.server_pid().map(|p| p.to_string()).unwrap_or_default()
 }
 
@@ -536,7 +543,7 @@ fn installer_lays_out_a_node() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-fn cli(topo: &Topology, api: &KubeApi, args: &[&str]) -> (bool, String) {
+fn cli(topo: &Topology, api: &ApiServer, args: &[&str]) -> (bool, String) {
     // The CLI runs beside node1's pods and sees their netns paths: this
     // machine is node1, as the installer's nodename file beside the
     // plugin's kubeconfig says on a real node (`--node` counts only there).

@@ -9,14 +9,14 @@ use std::path::PathBuf;
 
 use crate::config::{IpamConfig, StoreKind};
 use crate::kube::client::KubeClient;
-use crate::kube::liveness::KubeInspector;
+use crate::kube::inspector::KubeInspector;
 use crate::kube::KubeApi;
 use crate::liveness::{Inspector, NodeFacts};
+use crate::probe_policy::StoreScope;
 use crate::store::file::FileStore;
 use crate::store::ipclaim::{local_dir, KubeStore};
 use crate::store::{ClaimStore, Listing, Plan, StoreError, StoreResult};
 use crate::system::LocalInspector;
-use crate::wire::StoreScope;
 
 pub enum Backend {
     /// Claims in a directory on this node.

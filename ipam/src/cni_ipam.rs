@@ -22,12 +22,12 @@ use crate::identity::{self, Identity};
 use crate::kube::{ApiError, KubeApi};
 use crate::liveness::{Caller, NodeFacts};
 use crate::pod::PodFacts;
+use crate::probe_policy::{needs_wire_check, Origin};
 use crate::store::file::FileStore;
 use crate::store::ipclaim::{confirmed_locally, node_offset};
 use crate::store::retry::with_retries;
 use crate::store::{api_unreachable, ClaimStore, Plan, PlanError, PlanResult, StoreError};
 use crate::system::{netns_id, node_facts};
-use crate::wire::{needs_wire_check, Origin};
 
 /// One invocation's view of the attachment.
 #[derive(Debug, Clone)]
@@ -74,7 +74,7 @@ pub struct Granted {
     pub output: CniOutput,
     committed: Plan,
     /// Each address's origin, and whether its claim carries the
-    /// `unconfirmed` mark (`wire::needs_wire_check`).
+    /// `unconfirmed` mark (`probe_policy::needs_wire_check`).
     origins: Vec<(IpAddr, Origin, bool)>,
     identity: Identity,
     /// What the pod is told once the ADD succeeded (`StickyIpam::announce`).
@@ -167,7 +167,7 @@ impl StickyIpam {
     }
 
     /// Addresses of `granted` that the wire must confirm free before they
-    /// are bound (`wire::needs_wire_check`): those this store cannot prove
+    /// are bound (`probe_policy::needs_wire_check`): those this store cannot prove
     /// free everywhere they could be in use. `probe_fresh` is the plugin's
     /// `probe.fresh`.
     pub fn must_confirm(&self, granted: &Granted, probe_fresh: bool) -> Vec<IpAddr> {

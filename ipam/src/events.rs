@@ -7,10 +7,10 @@
 //! decided here without I/O; `StickyIpam` posts them, best effort
 //! (`kube::client::EVENT_DEADLINE`), on the kubernetes store only.
 
-use cni::CniError;
+use cni::{CniError, Refusal};
 
 use crate::claim::Holder;
-use crate::wire::Origin;
+use crate::probe_policy::Origin;
 
 /// Kubernetes keeps an Event's message short; ours name the address, the
 /// identity and the old holder well within this.
@@ -18,6 +18,18 @@ const MAX_MESSAGE: usize = 1024;
 
 pub const TAKEN_OVER: &str = "StickyAddressTakenOver";
 pub const RECLAIMED: &str = "StickyAddressReclaimed";
+
+/// The Event reason of a refusal (UpperCamelCase, as Kubernetes reasons
+/// are); the protocol crate only classifies, this names it for the cluster.
+pub fn refusal_reason(refusal: Refusal) -> &'static str {
+    match refusal {
+        Refusal::HolderAlive => "StickyAddressHeld",
+        Refusal::PoolExhausted => "StickyPoolExhausted",
+        Refusal::AddressReserved => "StickyAddressReserved",
+        Refusal::AnsweredOnWire => "StickyAddressAnswered",
+        Refusal::NamespaceNotAllowed => "StickyNamespaceNotAllowed",
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodEvent {
@@ -122,7 +134,7 @@ pub fn for_refusal(caller: &Holder, network: &str, err: &CniError) -> Option<Pod
     event(
         caller,
         network,
-        refusal.reason(),
+        refusal_reason(refusal),
         format!("network {network:?}: {}", err.msg),
         true,
     )

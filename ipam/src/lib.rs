@@ -6,10 +6,10 @@
 //! - `cni_ipam`: `StickyIpam`, the verbs on one attachment.
 //! - `backend`: which store and which liveness judge, chosen once.
 //! - `engine`: the decisions as `Plan`s (`plan_add`, `plan_del`, ...),
-//!   pure over `store::ClaimStore`; with `identity`, `tenancy`, `wire`
+//!   pure over `store::ClaimStore`; with `identity`, `tenancy`, `probe_policy`
 //!   (which grants the wire must confirm) and `retention`, also pure.
 //! - `liveness`: the `Inspector` seam and its pure verdicts; `system`
-//!   (this node's evidence), `kube::liveness` (the API's), `cri` (the
+//!   (this node's evidence), `kube::inspector` (the API's), `cri` (the
 //!   container runtime's).
 //! - `store`: `ClaimStore` and its two stores, `file` and `ipclaim` (the
 //!   kubernetes store), with `retry` for a plan that lost a race.
@@ -21,7 +21,7 @@
 //! commands (claims, release, reconcile, importers, install, doctor) are
 //! the `sticky-ops` crate's, which uses this one through `backend`,
 //! `engine`, `liveness` and the `kube` client; probing the wire is the
-//! plugin's (`sticky-macvlan`), told what to probe by `wire`.
+//! plugin's (`sticky-macvlan`), told what to probe by `probe_policy`.
 
 pub mod addr;
 pub mod backend;
@@ -35,8 +35,8 @@ pub mod identity;
 pub mod kube;
 pub mod liveness;
 pub mod pod;
+pub mod probe_policy;
 pub mod retention;
 pub mod store;
 pub mod system;
 pub mod tenancy;
-pub mod wire;

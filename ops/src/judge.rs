@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use sticky_ipam::kube::liveness::KubeInspector;
+use sticky_ipam::kube::inspector::KubeInspector;
 use sticky_ipam::kube::KubeApi;
 use sticky_ipam::liveness::{node_evidence, Evidence, Here, Inspector, NodeBoot, NodeFacts};
 use sticky_ipam::system::LocalInspector;

@@ -10,9 +10,9 @@ use crate::claim::{Claim, Holder, Unconfirmed};
 use crate::config::{IpamConfig, Range, RangeSet};
 use crate::identity::displaced_key;
 use crate::liveness::{Inspector, Verdict};
+use crate::probe_policy::Origin;
 use crate::store::{Change, ClaimStore, Plan, PlanError, PlanResult, StoreError};
 use crate::tenancy;
-use crate::wire::Origin;
 
 struct Planner<'a> {
     conf: &'a IpamConfig,

@@ -413,7 +413,7 @@ fn an_identity_leaving_an_unconfirmed_address_leaves_a_tombstone() {
         let g = g.unwrap_or_else(|e| panic!("{case}: {e}"));
         assert_eq!(g[0].ip, old, "{case}");
         assert!(
-            probed(&g[0], &r, crate::wire::StoreScope::Cluster),
+            probed(&g[0], &r, crate::probe_policy::StoreScope::Cluster),
             "{case}: {g:?}"
         );
     }

@@ -8,8 +8,8 @@ use crate::engine::test_support::*;
 use crate::engine::{
     plan_add, plan_degraded, plan_gc, plan_reconcile, plan_release, Grant, ReleaseTarget,
 };
+use crate::probe_policy::StoreScope::{Cluster, Node};
 use crate::store::memory::MemoryStore;
-use crate::wire::StoreScope::{Cluster, Node};
 use cni::{code, CniError};
 use serde_json::json;
 

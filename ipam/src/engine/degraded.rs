@@ -8,8 +8,8 @@ use cni::{code, CniError};
 use super::{AddRequest, Grant};
 use crate::claim::Claim;
 use crate::config::IpamConfig;
+use crate::probe_policy::Origin;
 use crate::store::{Change, Plan};
-use crate::wire::Origin;
 
 /// Plans the re-ADD from `recorded`, the node-local record's claims of
 /// this network. `why` says what the API did. The plan is for the local

@@ -13,7 +13,7 @@ use crate::claim::Holder;
 use crate::config::Range;
 use crate::identity::Identity;
 use crate::liveness::Caller;
-use crate::wire::Origin;
+use crate::probe_policy::Origin;
 
 mod add;
 mod confirm;
@@ -54,7 +54,7 @@ pub struct Grant {
     /// The holder the address was taken from (judged dead), if any.
     pub displaced: Option<Holder>,
     /// Where the address came from: what decides whether the wire must
-    /// confirm it (`wire::needs_wire_check`).
+    /// confirm it (`probe_policy::needs_wire_check`).
     pub origin: Origin,
     /// The claim carries the `unconfirmed` mark: the address was freed or
     /// taken on a judgement the wire has not confirmed, so it is probed

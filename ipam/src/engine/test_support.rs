@@ -90,10 +90,10 @@ pub fn add(
 }
 
 /// Whether the plugin probes grant `g` of request `r` on the wire before
-/// binding it, on a store of `scope` (`wire::needs_wire_check`, without
+/// binding it, on a store of `scope` (`probe_policy::needs_wire_check`, without
 /// `probe.fresh`).
-pub fn probed(g: &Grant, r: &AddRequest, scope: crate::wire::StoreScope) -> bool {
-    crate::wire::needs_wire_check(&g.origin, g.unconfirmed, &r.identity, scope, "n1", false)
+pub fn probed(g: &Grant, r: &AddRequest, scope: crate::probe_policy::StoreScope) -> bool {
+    crate::probe_policy::needs_wire_check(&g.origin, g.unconfirmed, &r.identity, scope, "n1", false)
 }
 
 pub fn ips(g: &[Grant]) -> Vec<String> {

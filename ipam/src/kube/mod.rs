@@ -6,7 +6,7 @@
 pub mod client;
 pub mod crd;
 pub mod fake;
-pub mod liveness;
+pub mod inspector;
 
 use std::fmt;
 

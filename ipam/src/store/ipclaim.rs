@@ -1161,7 +1161,7 @@ mod tests {
     use crate::engine::{plan_add, plan_del, AddRequest};
     use crate::identity::{dynamic_key, Identity, IdentitySource};
     use crate::kube::fake::FakeApi;
-    use crate::kube::liveness::KubeInspector;
+    use crate::kube::inspector::KubeInspector;
     use crate::liveness::{Caller, NodeFacts};
     use crate::pod::PodFacts;
     use cni::{code, CniError};
@@ -1392,11 +1392,11 @@ mod tests {
 
     /// Whether the plugin probes `g` before binding it (kubernetes store).
     fn probed(g: &crate::engine::Grant, r: &AddRequest) -> bool {
-        crate::wire::needs_wire_check(
+        crate::probe_policy::needs_wire_check(
             &g.origin,
             g.unconfirmed,
             &r.identity,
-            crate::wire::StoreScope::Cluster,
+            crate::probe_policy::StoreScope::Cluster,
             &r.holder.node,
             false,
         )

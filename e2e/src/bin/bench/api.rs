@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sticky_e2e::kube_api::KubeApi;
+use sticky_e2e::kube_api::ApiServer;
 use sticky_e2e::report::{percentile, Table};
 use sticky_e2e::requests::total;
 use sticky_e2e::{configs, CniCall, CniReply, Topology};
@@ -33,7 +33,7 @@ fn conf(topo: &Topology, store: &Value, node: usize) -> Value {
     configs::sticky(&topo.node(node).uplink, &topo.file("unused"), ipam)
 }
 
-fn kube_store(topo: &Topology, api: &KubeApi, node: usize) -> Value {
+fn kube_store(topo: &Topology, api: &ApiServer, node: usize) -> Value {
     json!({"type": "kubernetes", "kubeconfig": api.kubeconfig, "dir": topo.file(&format!("local{node}"))})
 }
 
@@ -119,7 +119,7 @@ fn churn(
 
 /// Section 4a, on the real kube-apiserver: requests per operation from its
 /// audit log.
-pub fn requests(suite: &mut Suite, topo: &mut Topology, api: &KubeApi) {
+pub fn requests(suite: &mut Suite, topo: &mut Topology, api: &ApiServer) {
     use sticky_e2e::requests::{allowance, median_max, per_operation, TARGETS};
     let samples = 15;
     let confs = [
@@ -161,7 +161,7 @@ pub fn requests(suite: &mut Suite, topo: &mut Topology, api: &KubeApi) {
 }
 
 /// Section 4b, on the stand-in (its injected 409s): pods churned.
-pub fn churn_section(suite: &mut Suite, topo: &mut Topology, api: &KubeApi) {
+pub fn churn_section(suite: &mut Suite, topo: &mut Topology, api: &ApiServer) {
     let n = suite.opts.churn_pods;
     let set_uid = api.add_stateful_set(NS, "rs");
 

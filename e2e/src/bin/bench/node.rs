@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 use sticky_e2e::configs::{self, OUR_TYPE, REF_TYPE};
-use sticky_e2e::kube_api::KubeApi;
+use sticky_e2e::kube_api::ApiServer;
 use sticky_e2e::report::{distribution_plot, Stats, Table};
 use sticky_e2e::{CniCall, Pod, Topology};
 
@@ -15,7 +15,7 @@ use crate::{exec, ms, ratio, Suite};
 
 /// Section 3: `parallel_pods` ADDs at once on one node, then as many DELs,
 /// for the file store, the kubernetes store and the reference.
-pub fn parallel(suite: &mut Suite, topo: &mut Topology, api: &KubeApi) {
+pub fn parallel(suite: &mut Suite, topo: &mut Topology, api: &ApiServer) {
     let n = suite.opts.parallel_pods;
     let rounds = suite.opts.parallel_rounds;
     let pods: Vec<Pod> = (0..n).map(|i| topo.add_pod(&format!("par{i}"))).collect();

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 use sticky_e2e::configs::{self, OUR_TYPE, REF_TYPE};
-use sticky_e2e::kube_api::KubeApi;
+use sticky_e2e::kube_api::ApiServer;
 use sticky_e2e::report::{line_plot, Series, Stats, Table};
 use sticky_e2e::Topology;
 use sticky_ipam::claim::{Claim, Holder};
@@ -87,7 +87,7 @@ fn seed_host_local(dir: &Path, n: u32) {
 }
 
 /// Section 4: ADD latency against the number of existing claims in a /16.
-pub fn scale(suite: &mut Suite, topo: &mut Topology, api: &KubeApi) {
+pub fn scale(suite: &mut Suite, topo: &mut Topology, api: &ApiServer) {
     let pod = topo.add_pod("scale");
     let runs = (suite.opts.runs / 2).max(5);
     let sizes = suite.opts.scale.clone();
