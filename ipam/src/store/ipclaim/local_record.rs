@@ -1,0 +1,217 @@
+//! The node-local record the kubernetes store keeps beside the API: the
+//! claims for degraded mode and a cache of their objects' versions and
+//! lock UIDs (`api/<ip>`), written after each commit and read on a re-ADD
+//! or DEL of the same node.
+
+use super::*;
+
+/// What the node-local cache keeps of a claim's objects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct ApiNote {
+    #[serde(rename = "resourceVersion")]
+    resource_version: String,
+    #[serde(default, rename = "lockUID", skip_serializing_if = "Option::is_none")]
+    lock_uid: Option<String>,
+}
+
+impl KubeStore<'_> {
+    pub(super) fn remember(&mut self, obj: ClaimObject) -> Option<Claim> {
+        if obj.network != self.network {
+            return None;
+        }
+        if let Some(rv) = obj.resource_version {
+            self.versions.insert(obj.claim.ip, rv);
+        }
+        match obj.lock_uid {
+            Some(uid) => self.lock_uids.insert(obj.claim.ip, uid),
+            None => self.lock_uids.remove(&obj.claim.ip),
+        };
+        self.from_cache.remove(&obj.claim.ip);
+        Some(obj.claim)
+    }
+
+    /// The claim of `identity` in `family`, from the API.
+    pub(super) fn fetch(&mut self, identity: &str, family: Family) -> StoreResult<Option<Claim>> {
+        let got = self
+            .api
+            .get_claim(&claim_name(&self.network, identity, family))
+            .map_err(StoreError::from)?;
+        Ok(got
+            .and_then(|o| self.remember(o))
+            .filter(|c| c.identity == identity && Family::of(c.ip) == family))
+    }
+
+    pub(super) fn note_path(&self, ip: IpAddr) -> Option<PathBuf> {
+        self.local.as_ref().map(|local| note_path(local, ip))
+    }
+
+    pub(super) fn note(&self, ip: IpAddr) -> Option<ApiNote> {
+        let bytes = read_file(&self.note_path(ip)?).ok()??;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Cache entries only save requests; one that cannot be written is a
+    /// later GET.
+    pub(super) fn set_note(&self, ip: IpAddr, note: Option<ApiNote>) {
+        let Some(path) = self.note_path(ip) else {
+            return;
+        };
+        let done = match note {
+            Some(note) => path.parent().map_or(Ok(()), make_dir).and_then(|_| {
+                write_atomic(&path, &serde_json::to_vec(&note).unwrap_or_default(), false)
+            }),
+            None => remove_file(&path),
+        };
+        if let Err(e) = done {
+            cni::log::warn(&format!(
+                "node-local cache of network {:?}: {e}",
+                self.network
+            ));
+        }
+    }
+
+    /// Local claims that the cache can vouch for: their versions become
+    /// the writes' preconditions.
+    pub(super) fn cached(&mut self, claims: Vec<Claim>) -> (Vec<Claim>, Vec<Claim>) {
+        let mut vouched = Vec::new();
+        let mut unknown = Vec::new();
+        for c in claims {
+            match self.note(c.ip) {
+                Some(note) => {
+                    self.versions.insert(c.ip, note.resource_version);
+                    if let Some(uid) = note.lock_uid {
+                        self.lock_uids.insert(c.ip, uid);
+                    }
+                    self.from_cache.insert(c.ip);
+                    vouched.push(c);
+                }
+                None => unknown.push(c),
+            }
+        }
+        (vouched, unknown)
+    }
+
+    pub(super) fn version_of(&self, ip: IpAddr) -> StoreResult<String> {
+        self.versions.get(&ip).cloned().ok_or_else(|| {
+            StoreError::Conflict(format!("no resourceVersion read for {ip}: planning again"))
+        })
+    }
+
+    /// Sets the node-local record's claims on these addresses (None:
+    /// none); best effort, the API is the truth.
+    pub(super) fn record_locally(
+        &mut self,
+        targets: &[(IpAddr, Option<Claim>)],
+        cursors: &[(usize, IpAddr)],
+    ) {
+        let Some(local) = self.local.as_mut() else {
+            return;
+        };
+        let mut changes = Vec::new();
+        for (ip, after) in targets {
+            match local.claim(*ip) {
+                Ok(before) if before != *after => changes.push(Change {
+                    before,
+                    after: after.clone(),
+                }),
+                Ok(_) => {}
+                // A damaged local record is replaced by the API's truth.
+                Err(_) => {
+                    let _ = local.remove_record(&claim_file_name(*ip));
+                    changes.push(Change {
+                        before: None,
+                        after: after.clone(),
+                    });
+                }
+            }
+        }
+        let plan = Plan {
+            changes,
+            cursors: cursors.to_vec(),
+        };
+        if let Err(e) = local.commit(&plan) {
+            cni::log::warn(&format!(
+                "node-local record of network {:?} not updated: {e}",
+                self.network
+            ));
+        }
+    }
+
+    /// Before the API is written: every claim the plan gives a holder is
+    /// recorded on the node first, without its cache entry, so a crash
+    /// after the API's answer still leaves the node's DEL something to
+    /// release (it asks the API by name, there being no cache entry).
+    pub(super) fn record_intent(&mut self, plan: &Plan) {
+        self.prior.clear();
+        let Some(local) = self.local.as_mut() else {
+            return;
+        };
+        let mut targets = Vec::new();
+        let mut kept = BTreeSet::new();
+        for after in Self::grants(plan) {
+            let prior = local.claim(after.ip).ok().flatten();
+            // The same holder before and after (a confirmation, a re-ADD
+            // rewriting its namespace): its DEL finds the claim either way,
+            // and the entry (stale if the write lands, which its
+            // precondition catches) keeps degraded mode serving the pod
+            // should this write time out.
+            if prior.as_ref().and_then(|p| p.holder.as_ref()) == after.holder.as_ref() {
+                kept.insert(after.ip);
+            }
+            self.prior.push((after.ip, prior));
+            targets.push((after.ip, Some(after)));
+        }
+        for (ip, _) in targets.iter().filter(|(ip, _)| !kept.contains(ip)) {
+            self.set_note(*ip, None);
+        }
+        if !targets.is_empty() {
+            self.record_locally(&targets, &[]);
+        }
+    }
+
+    /// The API refused the plan: the node's record goes back to what it
+    /// was (its cache entries stay gone: the next ADD asks the API).
+    pub(super) fn forget_intent(&mut self) {
+        let prior = std::mem::take(&mut self.prior);
+        if !prior.is_empty() {
+            self.record_locally(&prior, &[]);
+        }
+    }
+
+    /// After the API took the plan: the node-local record (for degraded
+    /// mode and as the cache) says what the API now says.
+    pub(super) fn mirror(&mut self, plan: &Plan) {
+        let mut targets = Vec::new();
+        for c in &plan.changes {
+            for ip in [c.before.as_ref(), c.after.as_ref()]
+                .into_iter()
+                .flatten()
+                .map(|x| x.ip)
+                .collect::<BTreeSet<_>>()
+            {
+                targets.push((ip, c.after.as_ref().filter(|a| a.ip == ip).cloned()));
+            }
+        }
+        self.record_locally(&targets, &plan.cursors);
+        for (ip, after) in targets {
+            let note = after
+                .and_then(|_| self.versions.get(&ip).cloned())
+                .map(|rv| ApiNote {
+                    resource_version: rv,
+                    lock_uid: self.lock_uids.get(&ip).cloned(),
+                });
+            self.set_note(ip, note);
+        }
+    }
+}
+
+/// Whether the node-local record's claim on `ip` is one the API confirmed
+/// (it has a cache entry), not an intent recorded before an ADD the API
+/// may never have seen: degraded mode serves only confirmed ones.
+pub fn confirmed_locally(local: &FileStore, ip: IpAddr) -> bool {
+    note_path(local, ip).is_file()
+}
+
+pub(super) fn note_path(local: &FileStore, ip: IpAddr) -> PathBuf {
+    local.root().join("api").join(claim_file_name(ip))
+}
