@@ -46,7 +46,9 @@ static_checks() {
     cargo fmt --check
     cargo clippy --workspace --all-targets -- -D warnings
     # No module of a crate imports another that imports it back.
-    for crate in cni plugin ipam e2e; do python3 scripts/check-layers.py "$crate/src"; done
+    for crate in cni ipam ops plugin e2e; do python3 scripts/check-layers.py "$crate/src"; done
+    # File sizes, one name per type, module and test helper, crate names.
+    python3 scripts/check-layout.py
     # The manual's links and anchors, every page in the book, the README short.
     python3 scripts/check-docs.py
 }

@@ -32,3 +32,18 @@ pub fn call(
 pub fn pod_args(namespace: &str, name: &str, uid: &str) -> String {
     format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=infra;K8S_POD_UID={uid};IgnoreUnknown=1")
 }
+
+/// The operator CLI (`sticky-macvlan ARGS`) on this machine, outside any
+/// CNI call: (success, stdout, stderr).
+pub fn run_cli(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(crate::our_plugin())
+        .args(args)
+        .env_remove("CNI_COMMAND")
+        .output()
+        .expect("run the operator CLI");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}

@@ -7,7 +7,7 @@ use sticky_e2e::store::claims;
 use sticky_e2e::{configs, ip, links_in, CniReply, Pod, Topology, SUBNET_PREFIX};
 
 /// ADD on node 1 for `pod` as container `cid`.
-fn add(topo: &Topology, conf: Value, pod: &Pod, cid: &str) -> CniReply {
+fn add_on_first_node(topo: &Topology, conf: Value, pod: &Pod, cid: &str) -> CniReply {
     sticky_e2e::scenario::call(topo, 0, "ADD", &conf, cid, pod, "")
 }
 
@@ -42,7 +42,7 @@ fn probing_fresh_allocations_catches_a_squatter() {
     let mut conf = configs::sticky("uplink0", &store, json!({}));
     conf["probe"] = json!({"fresh": true});
     let pod = topo.add_pod("p1");
-    let refused = add(&topo, conf.clone(), &pod, "p1");
+    let refused = add_on_first_node(&topo, conf.clone(), &pod, "p1");
     refused.expect_refused(11, &[&squatted, &mac]);
     assert_eq!(links_in(&pod.netns), ["lo"]);
     assert!(
@@ -51,7 +51,7 @@ fn probing_fresh_allocations_catches_a_squatter() {
     );
     // Without probe.fresh (the default) a fresh allocation is not probed.
     conf["probe"] = json!({});
-    let plain = add(&topo, conf, &pod, "p1");
+    let plain = add_on_first_node(&topo, conf, &pod, "p1");
     assert!(plain.success, "{}", plain.stdout);
 }
 
@@ -65,12 +65,12 @@ fn gateway_check_reports_a_silent_gateway() {
     let mut conf = configs::sticky("uplink0", &store, json!({}));
     conf["gatewayCheck"] = json!(true);
     let good = topo.add_pod("good");
-    add(&topo, conf.clone(), &good, "good").expect_ok();
+    add_on_first_node(&topo, conf.clone(), &good, "good").expect_ok();
     let silent = format!("{SUBNET_PREFIX}.254");
     let mut bad_conf = configs::sticky("uplink0", &topo.file("store2"), json!({"gateway": silent}));
     bad_conf["gatewayCheck"] = json!(true);
     let bad = topo.add_pod("bad");
-    let refused = add(&topo, bad_conf, &bad, "bad");
+    let refused = add_on_first_node(&topo, bad_conf, &bad, "bad");
     refused.expect_refused(11, &[&format!("gateway {silent} did not answer")]);
     assert_eq!(links_in(&bad.netns), ["lo"]);
     assert!(claims(&topo.file("store2"), "macnet").is_empty());
@@ -91,7 +91,7 @@ fn gateway_check_covers_ipv6_gateways() {
         c
     };
     let good = topo.add_pod("good6");
-    let ok = add(&topo, dual(topo.file("s1"), "fd00:213::1"), &good, "good6");
+    let ok = add_on_first_node(&topo, dual(topo.file("s1"), "fd00:213::1"), &good, "good6");
     assert!(ok.success, "{}", ok.stdout);
     assert_eq!(ok.addresses().len(), 2);
     // Its addresses are the next store's first ones too (DAD would
@@ -99,7 +99,7 @@ fn gateway_check_covers_ipv6_gateways() {
     let good_ns = good.netns.clone();
     topo.delete_netns(&good_ns);
     let bad = topo.add_pod("bad6");
-    let refused = add(&topo, dual(topo.file("s2"), "fd00:213::fe"), &bad, "bad6");
+    let refused = add_on_first_node(&topo, dual(topo.file("s2"), "fd00:213::fe"), &bad, "bad6");
     refused.expect_refused(
         11,
         &["gateway fd00:213::fe did not answer neighbour solicitation"],

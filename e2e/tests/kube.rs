@@ -14,7 +14,7 @@ use sticky_e2e::{configs, our_ipam, our_plugin, CniCall, CniReply, Pod, Topology
 
 const NS: &str = "default";
 
-fn k8s(name: &str, uid: &str) -> String {
+fn pod_args_in_ns(name: &str, uid: &str) -> String {
     format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={NS};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=infra;K8S_POD_UID={uid}")
 }
 
@@ -32,7 +32,7 @@ fn conf(topo: &Topology, api: &ApiServer, node: usize, extra: Value) -> Value {
     c
 }
 
-fn add(
+fn add_on_node(
     topo: &Topology,
     api: &ApiServer,
     node: usize,
@@ -44,13 +44,8 @@ fn add(
     sticky_e2e::scenario::call(topo, node, "ADD", &conf, cid, pod, args)
 }
 
-#[track_caller]
-fn address(reply: &CniReply) -> String {
-    reply.first_address()
-}
-
 /// `nodes` node netns on the real kube-apiserver.
-fn cluster(nodes: usize) -> (Topology, ApiServer) {
+fn nodes_on_api(nodes: usize) -> (Topology, ApiServer) {
     let mut topo = Topology::new(nodes);
     let api = topo.start_api();
     add_nodes(&api, nodes);
@@ -85,28 +80,30 @@ fn holder_node(api: &ApiServer, ip: &str) -> Option<String> {
 /// out-of-service; and handed over at once when the old pod is removed.
 #[test]
 fn statefulset_pod_rescheduled_to_another_node_keeps_its_ip() {
-    let (mut topo, api) = cluster(3);
+    let (mut topo, api) = nodes_on_api(3);
     let set_uid = api.add_stateful_set(NS, "rs0");
     let uid_a = api.add_pod(NS, "rs0-0", &api.node(1), Some(("rs0", &set_uid)), None);
     let uid_b = api.add_pod(NS, "rs0-1", &api.node(1), Some(("rs0", &set_uid)), None);
     let pod_a = topo.add_pod("rs0-0-a");
     let pod_b = topo.add_pod("rs0-1-a");
-    let x = address(&add(
+    let x = add_on_node(
         &topo,
         &api,
         0,
         &pod_a,
         "ctr-a1",
-        &k8s("rs0-0", &uid_a),
-    ));
-    let y = address(&add(
+        &pod_args_in_ns("rs0-0", &uid_a),
+    )
+    .first_address();
+    let y = add_on_node(
         &topo,
         &api,
         0,
         &pod_b,
         "ctr-b1",
-        &k8s("rs0-1", &uid_b),
-    ));
+        &pod_args_in_ns("rs0-1", &uid_b),
+    )
+    .first_address();
     assert_ne!(x, y);
     let router = topo.router.clone();
     assert!(
@@ -126,24 +123,24 @@ fn statefulset_pod_rescheduled_to_another_node_keeps_its_ip() {
     // node1 crashes; the API still shows the pods Running there.
     topo.crash_node(0, &[&pod_a, &pod_b]);
     let pod_a2 = topo.add_pod("rs0-0-b");
-    let refused = add(
+    let refused = add_on_node(
         &topo,
         &api,
         1,
         &pod_a2,
         "ctr-a2",
-        &k8s("rs0-0", "uid-new-a"),
+        &pod_args_in_ns("rs0-0", "uid-new-a"),
     );
     refused.expect_refused(11, &[&x, "default/rs0-0", &api.node(1), "still running"]);
     // Deleted, but node1 never confirms: Terminating on a NotReady node.
     api.delete_pod(NS, "rs0-0");
-    let refused = add(
+    let refused = add_on_node(
         &topo,
         &api,
         1,
         &pod_a2,
         "ctr-a2",
-        &k8s("rs0-0", "uid-new-a"),
+        &pod_args_in_ns("rs0-0", "uid-new-a"),
     );
     refused.expect_refused(11, &["terminating", "out-of-service"]);
     assert_eq!(holder_node(&api, &x), Some(api.node(1)));
@@ -152,8 +149,15 @@ fn statefulset_pod_rescheduled_to_another_node_keeps_its_ip() {
     api.taint_out_of_service(&api.node(1));
     api.remove_pod(NS, "rs0-0");
     let uid_a2 = api.add_pod(NS, "rs0-0", &api.node(2), Some(("rs0", &set_uid)), None);
-    let moved = add(&topo, &api, 1, &pod_a2, "ctr-a2", &k8s("rs0-0", &uid_a2));
-    assert_eq!(address(&moved), x);
+    let moved = add_on_node(
+        &topo,
+        &api,
+        1,
+        &pod_a2,
+        "ctr-a2",
+        &pod_args_in_ns("rs0-0", &uid_a2),
+    );
+    assert_eq!(moved.first_address(), x);
     assert_eq!(holder_node(&api, &x), Some(api.node(2)));
     assert!(
         topo.ping_eventually(&router, &x, 5),
@@ -165,14 +169,15 @@ fn statefulset_pod_rescheduled_to_another_node_keeps_its_ip() {
     let uid_b2 = api.add_pod(NS, "rs0-1", &api.node(3), Some(("rs0", &set_uid)), None);
     let pod_b2 = topo.add_pod("rs0-1-b");
     assert_eq!(
-        address(&add(
+        add_on_node(
             &topo,
             &api,
             2,
             &pod_b2,
             "ctr-b2",
-            &k8s("rs0-1", &uid_b2)
-        )),
+            &pod_args_in_ns("rs0-1", &uid_b2)
+        )
+        .first_address(),
         y
     );
     assert!(topo.ping_eventually(&router, &y, 5));
@@ -183,20 +188,28 @@ fn statefulset_pod_rescheduled_to_another_node_keeps_its_ip() {
 /// one holds it; the other is refused until the first is gone.
 #[test]
 fn configured_identity_shared_by_two_replicas() {
-    let (mut topo, api) = cluster(2);
+    let (mut topo, api) = nodes_on_api(2);
     let uid1 = api.add_pod(NS, "web-7f9c-aaaaa", &api.node(1), None, Some("vip-1"));
     let uid2 = api.add_pod(NS, "web-7f9c-bbbbb", &api.node(2), None, Some("vip-1"));
     let p1 = topo.add_pod("web-a");
     let p2 = topo.add_pod("web-b");
-    let ip = address(&add(
+    let ip = add_on_node(
         &topo,
         &api,
         0,
         &p1,
         "web-a",
-        &k8s("web-7f9c-aaaaa", &uid1),
-    ));
-    let second = add(&topo, &api, 1, &p2, "web-b", &k8s("web-7f9c-bbbbb", &uid2));
+        &pod_args_in_ns("web-7f9c-aaaaa", &uid1),
+    )
+    .first_address();
+    let second = add_on_node(
+        &topo,
+        &api,
+        1,
+        &p2,
+        "web-b",
+        &pod_args_in_ns("web-7f9c-bbbbb", &uid2),
+    );
     second.expect_refused(11, &["web-7f9c-aaaaa", &api.node(1)]);
     assert!(
         !sticky_e2e::ip_ok(&["-n", &p2.netns, "link", "show", "net1"]),
@@ -207,14 +220,15 @@ fn configured_identity_shared_by_two_replicas() {
     let p1_ns = p1.netns.clone();
     topo.delete_netns(&p1_ns);
     assert_eq!(
-        address(&add(
+        add_on_node(
             &topo,
             &api,
             1,
             &p2,
             "web-b",
-            &k8s("web-7f9c-bbbbb", &uid2)
-        )),
+            &pod_args_in_ns("web-7f9c-bbbbb", &uid2)
+        )
+        .first_address(),
         ip
     );
     let claims = api.claims();
@@ -227,7 +241,7 @@ fn configured_identity_shared_by_two_replicas() {
 /// never two addresses for it, never two holders.
 #[test]
 fn two_nodes_adding_one_identity_at_once() {
-    let (mut topo, api) = cluster(2);
+    let (mut topo, api) = nodes_on_api(2);
     let rounds = 8;
     let mut winners = 0;
     for round in 0..rounds {
@@ -245,7 +259,7 @@ fn two_nodes_adding_one_identity_at_once() {
             )
             .container(&name)
             .netns(&pod.path)
-            .args(&k8s(&name, &uid));
+            .args(&pod_args_in_ns(&name, &uid));
             children.push((call.spawn(call.config.to_string().as_bytes()), pod));
         }
         let mut ok = 0;
@@ -290,7 +304,7 @@ fn two_hundred_concurrent_adds_with_injected_conflicts() {
 /// of 200 writers racing for the same next addresses.
 #[test]
 fn two_hundred_concurrent_adds_on_the_real_api_server() {
-    let (topo, api) = cluster(3);
+    let (topo, api) = nodes_on_api(3);
     two_hundred_concurrent_adds(&topo, &api);
 }
 
@@ -300,7 +314,7 @@ fn two_hundred_concurrent_adds_on_the_real_api_server() {
 #[test]
 fn requests_per_operation_on_the_real_api_server_meet_the_targets() {
     use sticky_e2e::requests::{median_max, per_operation, TARGETS};
-    let (mut topo, api) = cluster(2);
+    let (mut topo, api) = nodes_on_api(2);
     let conf_of = |node: usize| conf(&topo, &api, node, json!({}));
     // per_operation adds pods to the topology, so the configs are made first.
     let confs = [conf_of(0), conf_of(1)];
@@ -381,12 +395,13 @@ fn two_hundred_concurrent_adds(topo: &Topology, api: &ApiServer) -> Value {
 /// nothing reaches the API.
 #[test]
 fn unreachable_api_serves_only_same_pod_readds() {
-    let (mut topo, api) = cluster(1);
+    let (mut topo, api) = nodes_on_api(1);
     let set_uid = api.add_stateful_set(NS, "db");
     let uid = api.add_pod(NS, "db-0", &api.node(1), Some(("db", &set_uid)), None);
     let other_uid = api.add_pod(NS, "db-1", &api.node(1), Some(("db", &set_uid)), None);
     let p1 = topo.add_pod("db-0-a");
-    let ip = address(&add(&topo, &api, 0, &p1, "db0-a", &k8s("db-0", &uid)));
+    let ip =
+        add_on_node(&topo, &api, 0, &p1, "db0-a", &pod_args_in_ns("db-0", &uid)).first_address();
     let before = api.claims();
 
     // Short deadlines, so the stopped API costs seconds, not minutes.
@@ -405,17 +420,24 @@ fn unreachable_api_serves_only_same_pod_readds() {
     )
     .container("db0-a")
     .netns(&p1.path)
-    .args(&k8s("db-0", &uid))
+    .args(&pod_args_in_ns("db-0", &uid))
     .run();
     del.expect_ok();
     // Then the sandbox is re-created for the same pod (same UID): same
     // address, from the node-local record.
     let p2 = topo.add_pod("db-0-b");
-    let again = add(&topo, &api, 0, &p2, "db0-b", &k8s("db-0", &uid));
-    assert_eq!(address(&again), ip, "{}", again.stderr);
+    let again = add_on_node(&topo, &api, 0, &p2, "db0-b", &pod_args_in_ns("db-0", &uid));
+    assert_eq!(again.first_address(), ip, "{}", again.stderr);
     // A pod this node holds nothing for: refused, nothing allocated.
     let p3 = topo.add_pod("db-1-a");
-    let refused = add(&topo, &api, 0, &p3, "db1-a", &k8s("db-1", &other_uid));
+    let refused = add_on_node(
+        &topo,
+        &api,
+        0,
+        &p3,
+        "db1-a",
+        &pod_args_in_ns("db-1", &other_uid),
+    );
     assert_eq!(refused.code(), Some(11), "{}", refused.stdout);
     assert!(
         refused.msg().contains("unreachable") || refused.msg().contains("did not answer"),
@@ -543,7 +565,7 @@ fn installer_lays_out_a_node() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-fn cli(topo: &Topology, api: &ApiServer, args: &[&str]) -> (bool, String) {
+fn cli_on_node1(topo: &Topology, api: &ApiServer, args: &[&str]) -> (bool, String) {
     // The CLI runs beside node1's pods and sees their netns paths: this
     // machine is node1, as the installer's nodename file beside the
     // plugin's kubeconfig says on a real node (`--node` counts only there).
@@ -573,22 +595,24 @@ fn cli(topo: &Topology, api: &ApiServer, args: &[&str]) -> (bool, String) {
 /// sticky claims of a deleted StatefulSet, `release` refuses a live holder.
 #[test]
 fn operator_cli_on_the_kubernetes_store() {
-    let (mut topo, api) = cluster(1);
+    let (mut topo, api) = nodes_on_api(1);
     let set_uid = api.add_stateful_set(NS, "db");
     let uid0 = api.add_pod(NS, "db-0", &api.node(1), Some(("db", &set_uid)), None);
     let uid1 = api.add_pod(NS, "db-1", &api.node(1), Some(("db", &set_uid)), None);
     let p0 = topo.add_pod("db-0");
     let p1 = topo.add_pod("db-1");
-    let ip0 = address(&add(&topo, &api, 0, &p0, "db0", &k8s("db-0", &uid0)));
-    let ip1 = address(&add(&topo, &api, 0, &p1, "db1", &k8s("db-1", &uid1)));
-    let (ok, table) = cli(&topo, &api, &["claims"]);
+    let ip0 =
+        add_on_node(&topo, &api, 0, &p0, "db0", &pod_args_in_ns("db-0", &uid0)).first_address();
+    let ip1 =
+        add_on_node(&topo, &api, 0, &p1, "db1", &pod_args_in_ns("db-1", &uid1)).first_address();
+    let (ok, table) = cli_on_node1(&topo, &api, &["claims"]);
     assert!(ok, "{table}");
     assert!(
         table.contains(&ip0) && table.contains("default/db-0") && table.contains("held"),
         "{table}"
     );
 
-    let (ok, out) = cli(
+    let (ok, out) = cli_on_node1(
         &topo,
         &api,
         &["release", "--network", &api.network, "--ip", &ip0],
@@ -626,7 +650,7 @@ fn operator_cli_on_the_kubernetes_store() {
         ("held", "the kubernetes API"),
         "{reason}"
     );
-    let (ok, json) = cli(&topo, &api, &["claims", "--json"]);
+    let (ok, json) = cli_on_node1(&topo, &api, &["claims", "--json"]);
     assert!(ok, "{json}");
     let (state, reason, from) = state_of(json.lines().next().unwrap_or_default(), &ip1);
     assert_eq!(state, "dead", "{reason}");
@@ -638,7 +662,7 @@ fn operator_cli_on_the_kubernetes_store() {
     // db-1's pod is gone too: reconcile releases its holder, and the
     // sticky claim stays reserved for db-1.
     api.remove_pod(NS, "db-1");
-    let (ok, out) = cli(&topo, &api, &["reconcile"]);
+    let (ok, out) = cli_on_node1(&topo, &api, &["reconcile"]);
     assert!(ok, "{out}");
     assert!(out.contains(&format!("released {ip1}")), "{out}");
     assert!(out.contains("1 dead holders released"), "{out}");
@@ -651,7 +675,7 @@ fn operator_cli_on_the_kubernetes_store() {
 
     // The StatefulSet is deleted: its identities retire once unheld.
     api.delete_stateful_set(NS, "db");
-    let (ok, out) = cli(&topo, &api, &["reconcile"]);
+    let (ok, out) = cli_on_node1(&topo, &api, &["reconcile"]);
     assert!(ok, "{out}");
     assert!(
         out.contains(&format!("retired {ip1}"))
@@ -683,7 +707,7 @@ fn operator_cli_on_the_kubernetes_store() {
 /// needed), while a live StatefulSet's reservations are never touched.
 #[test]
 fn exhausted_pool_reuses_a_deleted_statefulsets_addresses() {
-    let (mut topo, api) = cluster(1);
+    let (mut topo, api) = nodes_on_api(1);
     let small = json!({"rangeStart": "10.213.0.10", "rangeEnd": "10.213.0.12"});
     let add_small = |topo: &Topology, pod: &Pod, cid: &str, args: &str| {
         CniCall::new(
@@ -718,18 +742,18 @@ fn exhausted_pool_reuses_a_deleted_statefulsets_addresses() {
         let name = format!("{set}-{i}");
         let pod_uid = api.add_pod(NS, &name, &api.node(1), Some((set, uid)), None);
         let pod = topo.add_pod(&name);
-        add_small(&topo, &pod, &name, &k8s(&name, &pod_uid)).expect_ok();
+        add_small(&topo, &pod, &name, &pod_args_in_ns(&name, &pod_uid)).expect_ok();
         del_small(&topo, &pod, &name);
     }
     assert_eq!(api.claims().len(), 3);
     let web_uid = api.add_pod(NS, "web-1", &api.node(1), None, None);
     let web = topo.add_pod("web-1");
     // All three reserved by live StatefulSets: refused, naming them.
-    let refused = add_small(&topo, &web, "web-1", &k8s("web-1", &web_uid));
+    let refused = add_small(&topo, &web, "web-1", &pod_args_in_ns("web-1", &web_uid));
     refused.expect_refused(11, &["reserved by sticky identities"]);
     api.delete_stateful_set(NS, "old");
-    let got = add_small(&topo, &web, "web-1", &k8s("web-1", &web_uid));
-    let ip = address(&got);
+    let got = add_small(&topo, &web, "web-1", &pod_args_in_ns("web-1", &web_uid));
+    let ip = got.first_address();
     let claims = api.claims();
     assert_eq!(claims.len(), 3);
     let mine = claims
@@ -754,7 +778,7 @@ fn exhausted_pool_reuses_a_deleted_statefulsets_addresses() {
 /// router reaches both; CHECK passes where it runs.
 #[test]
 fn dual_stack_statefulset_pod_moves_with_both_addresses() {
-    let (mut topo, api) = cluster(2);
+    let (mut topo, api) = nodes_on_api(2);
     let ranges = json!({
         "subnet": null, "rangeStart": null, "rangeEnd": null, "gateway": null,
         "ranges": [
@@ -797,10 +821,24 @@ fn dual_stack_statefulset_pod_moves_with_both_addresses() {
     let set = api.add_stateful_set(NS, "ds");
     let uid = api.add_pod(NS, "ds-0", &api.node(1), Some(("ds", &set)), None);
     let first = topo.add_pod("ds-0-a");
-    let added = run(&topo, 0, "ADD", &first, "ds-a", &k8s("ds-0", &uid));
+    let added = run(
+        &topo,
+        0,
+        "ADD",
+        &first,
+        "ds-a",
+        &pod_args_in_ns("ds-0", &uid),
+    );
     let got = added.addresses();
     assert_eq!(got.len(), 2, "{got:?}");
-    check(&topo, 0, &added, &first, "ds-a", &k8s("ds-0", &uid));
+    check(
+        &topo,
+        0,
+        &added,
+        &first,
+        "ds-a",
+        &pod_args_in_ns("ds-0", &uid),
+    );
     let claims = api.claims();
     assert_eq!(claims.len(), 2);
     assert_claim_invariants(&claims);
@@ -827,10 +865,24 @@ fn dual_stack_statefulset_pod_moves_with_both_addresses() {
     api.remove_pod(NS, "ds-0");
     let uid2 = api.add_pod(NS, "ds-0", &api.node(2), Some(("ds", &set)), None);
     let second = topo.add_pod("ds-0-b");
-    let moved = run(&topo, 1, "ADD", &second, "ds-b", &k8s("ds-0", &uid2));
+    let moved = run(
+        &topo,
+        1,
+        "ADD",
+        &second,
+        "ds-b",
+        &pod_args_in_ns("ds-0", &uid2),
+    );
     let again = moved.addresses();
     assert_eq!(again, got);
-    check(&topo, 1, &moved, &second, "ds-b", &k8s("ds-0", &uid2));
+    check(
+        &topo,
+        1,
+        &moved,
+        &second,
+        "ds-b",
+        &pod_args_in_ns("ds-0", &uid2),
+    );
     // Unsolicited neighbour advertisement (ndisc_notify, after DAD): the
     // router's entry moves to the new MAC without it asking.
     let new_mac = link_mac(&second.netns, "net1");
@@ -862,7 +914,7 @@ fn dual_stack_statefulset_pod_moves_with_both_addresses() {
 /// leaves no link.
 #[test]
 fn missing_crd_is_named_not_retried() {
-    let (mut topo, api) = cluster(1);
+    let (mut topo, api) = nodes_on_api(1);
     let (code, out) = api.request(
         "DELETE",
         "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/ipclaims.sticky-macvlan.io",
@@ -871,7 +923,14 @@ fn missing_crd_is_named_not_retried() {
     assert_eq!(code, 200, "{out}");
     let pod = topo.add_pod("nocrd");
     let started = std::time::Instant::now();
-    let r = add(&topo, &api, 0, &pod, "nocrd", &k8s("nocrd", "u1"));
+    let r = add_on_node(
+        &topo,
+        &api,
+        0,
+        &pod,
+        "nocrd",
+        &pod_args_in_ns("nocrd", "u1"),
+    );
     assert_eq!(r.code(), Some(113), "{}", r.stdout);
     assert!(
         r.msg().contains("sticky-macvlan crd | kubectl apply"),
@@ -898,7 +957,7 @@ fn missing_crd_is_named_not_retried() {
 fn an_adopted_lock_is_young_by_the_servers_clock_and_an_earlier_read_cannot_delete_it() {
     use sticky_ipam::kube::client::KubeClient;
     use sticky_ipam::kube::{lock_name, ApiError, KubeApi as _, LockObject};
-    let (_topo, api) = cluster(1);
+    let (_topo, api) = nodes_on_api(1);
     let (netns, kubeconfig, network, node) = (
         api.netns.clone(),
         api.kubeconfig.clone(),
@@ -973,7 +1032,7 @@ fn an_adopted_lock_is_young_by_the_servers_clock_and_an_earlier_read_cannot_dele
 /// every invariant.
 #[test]
 fn kill_9_on_the_kubernetes_store_loses_nothing() {
-    let (mut topo, api) = cluster(1);
+    let (mut topo, api) = nodes_on_api(1);
     let set = api.add_stateful_set(NS, "k");
     let names: Vec<(String, String)> = (0..4)
         .map(|i| {
@@ -998,7 +1057,13 @@ fn kill_9_on_the_kubernetes_store_loses_nothing() {
     // first answers (its caches cold) take far longer than the rest, and
     // a span measured on them would put most kills after the command.
     let probe_pod = topo.add_pod("probe");
-    let probe = call(&topo, "ADD", &probe_pod, "probe", &k8s("probe", "probe"));
+    let probe = call(
+        &topo,
+        "ADD",
+        &probe_pod,
+        "probe",
+        &pod_args_in_ns("probe", "probe"),
+    );
     probe.run().expect_ok();
     probe.clone().command("DEL").run().expect_ok();
     let span_us = probe.run().elapsed.as_micros().max(1000) as usize;
@@ -1013,7 +1078,7 @@ fn kill_9_on_the_kubernetes_store_loses_nothing() {
             "crash trials ran past their time bound"
         );
         let (name, uid) = &names[trial % names.len()];
-        let args = k8s(name, uid);
+        let args = pod_args_in_ns(name, uid);
         let delay = Duration::from_micros(((trial * 7919) % span_us) as u64);
         let pod = topo.add_pod(&format!("t{trial}"));
         let cid = format!("ctr-{trial}");
@@ -1025,7 +1090,7 @@ fn kill_9_on_the_kubernetes_store_loses_nothing() {
             topo.delete_netns(&pod.netns);
             let retry_pod = topo.add_pod(&format!("t{trial}-retry"));
             let retry = call(&topo, "ADD", &retry_pod, &format!("{cid}-r"), &args);
-            let ip = address(&retry.run());
+            let ip = retry.run().first_address();
             if let Some(old) = bound.insert(name.clone(), ip.clone()) {
                 assert_eq!(old, ip, "{name} lost its sticky address");
             }
@@ -1033,7 +1098,7 @@ fn kill_9_on_the_kubernetes_store_loses_nothing() {
             retry.clone().command("DEL").run().expect_ok();
             topo.delete_netns(&retry_pod.netns);
         } else {
-            let ip = address(&add.run());
+            let ip = add.run().first_address();
             if let Some(old) = bound.insert(name.clone(), ip.clone()) {
                 assert_eq!(old, ip, "{name} lost its sticky address");
             }
@@ -1064,7 +1129,7 @@ fn kill_9_on_the_kubernetes_store_loses_nothing() {
 /// API is stopped.
 #[test]
 fn gc_and_status_on_the_kubernetes_store() {
-    let (mut topo, mut api) = cluster(2);
+    let (mut topo, mut api) = nodes_on_api(2);
     let v11 = |topo: &Topology, node: usize| {
         let mut c = conf(topo, &api, node, json!({}));
         c["cniVersion"] = json!("1.1.0");
@@ -1141,11 +1206,19 @@ fn gc_and_status_on_the_kubernetes_store() {
 /// really gone, the takeover succeeds and the router moves to the new MAC.
 #[test]
 fn split_brain_takeover_is_refused_while_the_old_holder_answers() {
-    let (mut topo, api) = cluster(2);
+    let (mut topo, api) = nodes_on_api(2);
     let set = api.add_stateful_set(NS, "sb");
     let uid = api.add_pod(NS, "sb-0", &api.node(1), Some(("sb", &set)), None);
     let old = topo.add_pod("sb-0-old");
-    let x = address(&add(&topo, &api, 0, &old, "sb-old", &k8s("sb-0", &uid)));
+    let x = add_on_node(
+        &topo,
+        &api,
+        0,
+        &old,
+        "sb-old",
+        &pod_args_in_ns("sb-0", &uid),
+    )
+    .first_address();
     let router = topo.router.clone();
     assert!(topo.ping_eventually(&router, &x, 3));
     let old_mac = link_mac(&old.netns, "net1");
@@ -1155,7 +1228,14 @@ fn split_brain_takeover_is_refused_while_the_old_holder_answers() {
     api.remove_pod(NS, "sb-0");
     let uid2 = api.add_pod(NS, "sb-0", &api.node(2), Some(("sb", &set)), None);
     let new = topo.add_pod("sb-0-new");
-    let refused = add(&topo, &api, 1, &new, "sb-new", &k8s("sb-0", &uid2));
+    let refused = add_on_node(
+        &topo,
+        &api,
+        1,
+        &new,
+        "sb-new",
+        &pod_args_in_ns("sb-0", &uid2),
+    );
     refused.expect_refused(11, &[&x, &old_mac]);
     assert_eq!(
         sticky_e2e::links_in(&new.netns),
@@ -1183,9 +1263,16 @@ fn split_brain_takeover_is_refused_while_the_old_holder_answers() {
     let old_ns = old.netns.clone();
     topo.delete_netns(&old_ns);
     let started = Instant::now();
-    let moved = add(&topo, &api, 1, &new, "sb-new", &k8s("sb-0", &uid2));
+    let moved = add_on_node(
+        &topo,
+        &api,
+        1,
+        &new,
+        "sb-new",
+        &pod_args_in_ns("sb-0", &uid2),
+    );
     let took = started.elapsed();
-    assert_eq!(address(&moved), x);
+    assert_eq!(moved.first_address(), x);
     let new_mac = link_mac(&new.netns, "net1");
     // Announced: the router's entry moves without waiting for its ARP timeout.
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -1225,7 +1312,7 @@ fn neighbour_mac(netns: &str, ip: &str) -> Option<String> {
 /// even though the old holder has the very same MAC.
 #[test]
 fn sticky_mac_survives_a_reschedule_and_split_brain_is_still_caught() {
-    let (mut topo, api) = cluster(2);
+    let (mut topo, api) = nodes_on_api(2);
     let sticky = |topo: &Topology, node: usize| {
         let mut c = conf(topo, &api, node, json!({}));
         c["stickyMac"] = json!(true);
@@ -1246,7 +1333,7 @@ fn sticky_mac_survives_a_reschedule_and_split_brain_is_still_caught() {
     let set = api.add_stateful_set(NS, "sm");
     let uid = api.add_pod(NS, "sm-0", &api.node(1), Some(("sm", &set)), None);
     let old = topo.add_pod("sm-0-old");
-    let x = address(&run(&topo, 0, &old, "sm-old", &k8s("sm-0", &uid)));
+    let x = run(&topo, 0, &old, "sm-old", &pod_args_in_ns("sm-0", &uid)).first_address();
     let mac = link_mac(&old.netns, "net1");
     assert!(mac.starts_with(|c: char| c.is_ascii_hexdigit()), "{mac}");
     let router = topo.router.clone();
@@ -1256,7 +1343,7 @@ fn sticky_mac_survives_a_reschedule_and_split_brain_is_still_caught() {
     api.remove_pod(NS, "sm-0");
     let uid2 = api.add_pod(NS, "sm-0", &api.node(2), Some(("sm", &set)), None);
     let new = topo.add_pod("sm-0-new");
-    let refused = run(&topo, 1, &new, "sm-new", &k8s("sm-0", &uid2));
+    let refused = run(&topo, 1, &new, "sm-new", &pod_args_in_ns("sm-0", &uid2));
     assert_eq!(
         refused.code(),
         Some(11),
@@ -1268,7 +1355,7 @@ fn sticky_mac_survives_a_reschedule_and_split_brain_is_still_caught() {
     let old_ns = old.netns.clone();
     topo.delete_netns(&old_ns);
     assert_eq!(
-        address(&run(&topo, 1, &new, "sm-new", &k8s("sm-0", &uid2))),
+        run(&topo, 1, &new, "sm-new", &pod_args_in_ns("sm-0", &uid2)).first_address(),
         x
     );
     assert_eq!(
@@ -1319,7 +1406,7 @@ fn secrets_never_reach_the_logs() {
         CniCall::new(&our_plugin(), &topo.node(0).netns, cmd, conf.clone())
             .container(cid)
             .netns(&pod.path)
-            .args(&k8s("web-0", &uid))
+            .args(&pod_args_in_ns("web-0", &uid))
             .run()
     };
     let ok = run("ADD", &p1, "sec-a", &logged);
@@ -1363,7 +1450,7 @@ fn secrets_never_reach_the_logs() {
 /// served, and the CLI names it too; deleting it (kubectl) repairs.
 #[test]
 fn a_claim_object_with_a_bad_spec_is_named_not_guessed() {
-    let (mut topo, api) = cluster(1);
+    let (mut topo, api) = nodes_on_api(1);
     let identity = "broken-peer";
     let labels = json!({sticky_ipam::kube::LABEL_NETWORK: sticky_ipam::kube::slug(&api.network)});
     // Where the identity's IPv4 claim lives, so its ADD reads it.
@@ -1400,7 +1487,7 @@ fn a_claim_object_with_a_bad_spec_is_named_not_guessed() {
     );
     let served = add_as("fine-peer", &other, "good-spec");
     assert!(served.success, "{}", served.stdout);
-    let (_, out) = cli(&topo, &api, &["claims"]);
+    let (_, out) = cli_on_node1(&topo, &api, &["claims"]);
     assert!(
         out.contains(&name),
         "the CLI does not name the damaged object: {out}"
@@ -1427,7 +1514,7 @@ fn one_event_bumped_by_three_nodes_at_once_counts_every_post() {
     use sticky_ipam::kube::KubeApi as _;
     const NODES: usize = 3;
     const POSTS: usize = 4;
-    let (_topo, api) = cluster(1);
+    let (_topo, api) = nodes_on_api(1);
     let event = |node: usize| PodEvent {
         network: api.network.clone(),
         namespace: NS.into(),
@@ -1502,7 +1589,7 @@ fn lock_json(name: &str, ip: &str, id: &str, node: &str) -> Value {
 /// taking another node's lock over and deleting it.
 #[test]
 fn the_node_scope_policy_refuses_walk_arounds_in_sequences_and_allows_the_plugins_writes() {
-    let (_topo, api) = cluster(1);
+    let (_topo, api) = nodes_on_api(1);
     for doc in sticky_e2e::kube_api::deploy_docs("30-node-scope-policy.yaml") {
         let plural = match doc["kind"].as_str() {
             Some("ValidatingAdmissionPolicy") => "validatingadmissionpolicies",

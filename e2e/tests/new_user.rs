@@ -16,10 +16,6 @@ use sticky_e2e::{
 
 const NET: &str = "macnet";
 
-fn k8s(namespace: &str, name: &str, uid: &str) -> String {
-    pod_args(namespace, name, uid)
-}
-
 /// The BGP peer NAD of examples/nad-sticky-bgp-peer.yaml on the test
 /// fabric, with this node's own store; no probe key (the shipped default).
 fn bgp_peer(store: &Path) -> Value {
@@ -38,7 +34,7 @@ fn bgp_peer(store: &Path) -> Value {
 }
 
 /// ADD by our plugin from `node`, the pod's netns name as container ID.
-fn add(topo: &Topology, node: usize, conf: &Value, pod: &Pod, args: &str) -> CniReply {
+fn add_pod(topo: &Topology, node: usize, conf: &Value, pod: &Pod, args: &str) -> CniReply {
     call(topo, node, "ADD", conf, &pod.netns, pod, args)
 }
 
@@ -89,24 +85,24 @@ fn a_configured_identity_is_never_live_on_two_nodes_with_two_stores() {
     let mut topo = Topology::new(2);
     let (store1, store2) = (topo.file("node1-store"), topo.file("node2-store"));
     let first = topo.add_pod("peer-node1");
-    let reply = add(
+    let reply = add_pod(
         &topo,
         0,
         &bgp_peer(&store1),
         &first,
-        &k8s("bgp", "speaker-0", "uid-1"),
+        &pod_args("bgp", "speaker-0", "uid-1"),
     );
     assert_eq!(reply.first_address(), format!("{SUBNET_PREFIX}.2"));
     let live_mac = mac_in(&first, "net1");
 
     let second = topo.add_pod("peer-node2");
     let started = std::time::Instant::now();
-    let refused = add(
+    let refused = add_pod(
         &topo,
         1,
         &bgp_peer(&store2),
         &second,
-        &k8s("bgp", "speaker-0", "uid-2"),
+        &pod_args("bgp", "speaker-0", "uid-2"),
     );
     eprintln!("refusal by the wire took {:?}", started.elapsed());
     assert_refused_by_the_wire(&refused, &live_mac, &second, &store2);
@@ -114,12 +110,12 @@ fn a_configured_identity_is_never_live_on_two_nodes_with_two_stores() {
 
     // Once node1 is gone for real, node2 gets the address.
     topo.crash_node(0, &[&first]);
-    let taken = add(
+    let taken = add_pod(
         &topo,
         1,
         &bgp_peer(&store2),
         &second,
-        &k8s("bgp", "speaker-0", "uid-2"),
+        &pod_args("bgp", "speaker-0", "uid-2"),
     );
     assert_eq!(taken.first_address(), format!("{SUBNET_PREFIX}.2"));
 }
@@ -131,24 +127,24 @@ fn a_pod_name_identity_is_never_live_on_two_nodes_with_two_stores() {
     let conf =
         |store: &Path| configs::sticky("uplink0", store, json!({"identityPolicy": "podName"}));
     let first = topo.add_pod("db0-node1");
-    let granted = add(
+    let granted = add_pod(
         &topo,
         0,
         &conf(&store1),
         &first,
-        &k8s("db", "db-0", "uid-1"),
+        &pod_args("db", "db-0", "uid-1"),
     )
     .first_address();
     let live_mac = mac_in(&first, "net1");
     // node2's store has never seen db/db-0; its first free address is the
     // same one node1's store gave (one range, two stores).
     let second = topo.add_pod("db0-node2");
-    let refused = add(
+    let refused = add_pod(
         &topo,
         1,
         &conf(&store2),
         &second,
-        &k8s("db", "db-0", "uid-2"),
+        &pod_args("db", "db-0", "uid-2"),
     );
     assert!(refused.msg().contains(&granted), "{}", refused.msg());
     assert_refused_by_the_wire(&refused, &live_mac, &second, &store2);
@@ -176,34 +172,34 @@ fn an_ipv6_identity_is_never_live_on_two_nodes_with_two_stores() {
     };
     let first = topo.add_pod("v6-node1");
     assert_eq!(
-        add(
+        add_pod(
             &topo,
             0,
             &conf(&store1),
             &first,
-            &k8s("bgp", "speaker-0", "uid-1")
+            &pod_args("bgp", "speaker-0", "uid-1")
         )
         .first_address(),
         "fd00:213::10"
     );
     let live_mac = mac_in(&first, "net1");
     let second = topo.add_pod("v6-node2");
-    let refused = add(
+    let refused = add_pod(
         &topo,
         1,
         &conf(&store2),
         &second,
-        &k8s("bgp", "speaker-0", "uid-2"),
+        &pod_args("bgp", "speaker-0", "uid-2"),
     );
     assert_refused_by_the_wire(&refused, &live_mac, &second, &store2);
     topo.crash_node(0, &[&first]);
     assert_eq!(
-        add(
+        add_pod(
             &topo,
             1,
             &conf(&store2),
             &second,
-            &k8s("bgp", "speaker-0", "uid-2")
+            &pod_args("bgp", "speaker-0", "uid-2")
         )
         .first_address(),
         "fd00:213::10"
@@ -229,7 +225,7 @@ fn the_standalone_ipam_behind_the_reference_macvlan_is_refused_too() {
         )
         .container(&pod.netns)
         .netns(&pod.path)
-        .args(&k8s("bgp", "speaker-0", uid))
+        .args(&pod_args("bgp", "speaker-0", uid))
         .cni_path(&sticky_e2e::cni_path_with_ours())
         .run()
     };
@@ -252,12 +248,19 @@ fn a_pod_of_another_namespace_cannot_take_a_configured_identity() {
     let store = topo.file("store");
     let conf = bgp_peer(&store);
     let first = topo.add_pod("speaker");
-    let ip = add(&topo, 0, &conf, &first, &k8s("bgp", "speaker-0", "uid-1")).first_address();
+    let ip = add_pod(
+        &topo,
+        0,
+        &conf,
+        &first,
+        &pod_args("bgp", "speaker-0", "uid-1"),
+    )
+    .first_address();
     // The holder crashes; no DEL ever comes.
     topo.delete_netns(&first.netns);
 
     let evil = topo.add_pod("evil");
-    let refused = add(&topo, 0, &conf, &evil, &k8s("evil", "x", "uid-evil"));
+    let refused = add_pod(&topo, 0, &conf, &evil, &pod_args("evil", "x", "uid-evil"));
     assert_eq!(refused.code(), Some(114), "{}", refused.stdout);
     for needle in ["bgp-peer-a", "\"bgp\"", "\"evil\"", "namespaces"] {
         assert!(
@@ -288,18 +291,18 @@ fn a_pod_of_another_namespace_cannot_take_a_configured_identity() {
         json!({"ip": ip, "namespaces": ["bgp", "bgp-canary"]});
     let canary = topo.add_pod("canary");
     assert_eq!(
-        add(
+        add_pod(
             &topo,
             0,
             &shared,
             &canary,
-            &k8s("bgp-canary", "speaker-0", "uid-c")
+            &pod_args("bgp-canary", "speaker-0", "uid-c")
         )
         .first_address(),
         ip
     );
     let other = topo.add_pod("other");
-    let refused = add(&topo, 0, &shared, &other, &k8s("evil", "x", "uid-e2"));
+    let refused = add_pod(&topo, 0, &shared, &other, &pod_args("evil", "x", "uid-e2"));
     assert_eq!(refused.code(), Some(114), "{}", refused.stdout);
     assert!(
         refused
@@ -308,19 +311,6 @@ fn a_pod_of_another_namespace_cannot_take_a_configured_identity() {
         "{}",
         refused.msg()
     );
-}
-
-fn cli(args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new(sticky_e2e::our_plugin())
-        .args(args)
-        .env_remove("CNI_COMMAND")
-        .output()
-        .expect("run the CLI");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
 }
 
 /// The small things a new user tripped over: hints that work, errors that
@@ -336,7 +326,7 @@ fn the_operator_surface_says_what_it_means() {
     conf["logFile"] = json!(log);
     conf["args"] = json!({"cni": {"identity": "db-a"}});
     let pod = topo.add_pod("cli");
-    let ip = add(&topo, 0, &conf, &pod, &k8s("db", "a", "uid-a")).first_address();
+    let ip = add_pod(&topo, 0, &conf, &pod, &pod_args("db", "a", "uid-a")).first_address();
 
     // Every subcommand answers --help.
     for command in [
@@ -347,12 +337,12 @@ fn the_operator_surface_says_what_it_means() {
         "install",
         "crd",
     ] {
-        let (ok, out, err) = cli(&[command, "--help"]);
+        let (ok, out, err) = sticky_e2e::scenario::run_cli(&[command, "--help"]);
         assert!(ok && out.contains(command), "{command} --help: {out}{err}");
     }
 
     // claims --json: a fixed vocabulary, the reason apart, and from where.
-    let (ok, out, err) = cli(&["claims", "--dir", &dir, "--json"]);
+    let (ok, out, err) = sticky_e2e::scenario::run_cli(&["claims", "--dir", &dir, "--json"]);
     assert!(ok, "{err}");
     let rows: Value = serde_json::from_str(&out).expect("claims --json");
     let row = &rows[0];
@@ -368,7 +358,7 @@ fn the_operator_surface_says_what_it_means() {
         "{row}"
     );
     topo.delete_netns(&pod.netns);
-    let (_, out, _) = cli(&["claims", "--dir", &dir, "--json"]);
+    let (_, out, _) = sticky_e2e::scenario::run_cli(&["claims", "--dir", &dir, "--json"]);
     let rows: Value = serde_json::from_str(&out).expect("claims --json");
     assert_eq!(rows[0]["state"], "dead", "{}", rows[0]);
     assert!(rows[0]["reason"]
@@ -376,7 +366,7 @@ fn the_operator_surface_says_what_it_means() {
         .is_some_and(|r| r.contains("no longer exists")));
 
     // release --ip of an address no claim holds is an error saying so.
-    let (ok, out, err) = cli(&[
+    let (ok, out, err) = sticky_e2e::scenario::run_cli(&[
         "release",
         "--dir",
         &dir,
@@ -394,7 +384,7 @@ fn the_operator_surface_says_what_it_means() {
     // A damaged record: the hint names a command that works.
     std::fs::write(store.join(NET).join("claims").join(&ip), b"{ not json").unwrap();
     let pod = topo.add_pod("cli-2");
-    let reply = add(&topo, 0, &conf, &pod, &k8s("db", "a", "uid-a2"));
+    let reply = add_pod(&topo, 0, &conf, &pod, &pod_args("db", "a", "uid-a2"));
     assert_eq!(reply.code(), Some(110), "{}", reply.stdout);
     let hint = reply.msg();
     let command = hint
@@ -403,7 +393,7 @@ fn the_operator_surface_says_what_it_means() {
         .unwrap_or_else(|| panic!("no release command in {hint}"));
     let mut args: Vec<&str> = command.split_whitespace().skip(1).collect();
     args.extend(["--dir", &dir]);
-    let (ok, out, err) = cli(&args);
+    let (ok, out, err) = sticky_e2e::scenario::run_cli(&args);
     assert!(ok, "the hint's own command failed: {command}: {out}{err}");
 
     // The log file's lines start with an RFC 3339 UTC time.
@@ -426,7 +416,7 @@ fn the_operator_surface_says_what_it_means() {
     );
     kube["args"] = json!({"cni": {"identity": "db-b"}});
     let pod = topo.add_pod("cli-3");
-    let reply = add(&topo, 0, &kube, &pod, &k8s("db", "b", "uid-b"));
+    let reply = add_pod(&topo, 0, &kube, &pod, &pod_args("db", "b", "uid-b"));
     assert!(!reply.success);
     assert!(
         reply.msg().contains("/nonexistent/kubeconfig")
@@ -464,7 +454,7 @@ fn imported_host_local_holders_are_judged_by_the_container_runtime() {
 
     // The parent directory: refused, naming the layout and the path meant.
     let parent = host_local.to_string_lossy().to_string();
-    let (ok, out, err) = cli(&[
+    let (ok, out, err) = sticky_e2e::scenario::run_cli(&[
         "import-host-local",
         "--network",
         NET,
@@ -488,7 +478,7 @@ fn imported_host_local_holders_are_judged_by_the_container_runtime() {
     );
 
     let from = net_dir.to_string_lossy().to_string();
-    let (ok, out, err) = cli(&[
+    let (ok, out, err) = sticky_e2e::scenario::run_cli(&[
         "import-host-local",
         "--network",
         NET,
@@ -523,7 +513,8 @@ fn imported_host_local_holders_are_judged_by_the_container_runtime() {
     );
 
     // reconcile asks the runtime: the stale entry goes, the live one stays.
-    let (ok, out, err) = cli(&["reconcile", "--dir", &dir, "--cri-socket", &socket]);
+    let (ok, out, err) =
+        sticky_e2e::scenario::run_cli(&["reconcile", "--dir", &dir, "--cri-socket", &socket]);
     assert!(ok, "{out}{err}");
     assert!(
         out.contains(&format!("released {gone_ip}")) && out.contains("has no pod sandbox"),
@@ -549,7 +540,7 @@ fn imported_host_local_holders_are_judged_by_the_container_runtime() {
     );
 
     // Without a runtime to ask, nothing is concluded: the holder is kept.
-    let (ok, out, _) = cli(&[
+    let (ok, out, _) = sticky_e2e::scenario::run_cli(&[
         "reconcile",
         "--dir",
         &dir,
@@ -560,7 +551,8 @@ fn imported_host_local_holders_are_judged_by_the_container_runtime() {
 
     // Once kubelet removes the live sandbox too, it is freed.
     runtime.remove_sandbox(&live);
-    let (ok, out, _) = cli(&["reconcile", "--dir", &dir, "--cri-socket", &socket]);
+    let (ok, out, _) =
+        sticky_e2e::scenario::run_cli(&["reconcile", "--dir", &dir, "--cri-socket", &socket]);
     assert!(ok && out.contains(&format!("released {live_ip}")), "{out}");
     assert!(claims(&store, NET).iter().all(|c| c.is_tombstone()));
 }

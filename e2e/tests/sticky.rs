@@ -18,13 +18,8 @@ use sticky_e2e::{
 
 const NET: &str = "macnet";
 
-fn k8s(name: &str, uid: &str) -> String {
+fn default_pod_args(name: &str, uid: &str) -> String {
     pod_args("default", name, uid)
-}
-
-#[track_caller]
-fn address(reply: &CniReply) -> String {
-    reply.first_address()
 }
 
 fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
@@ -75,12 +70,12 @@ fn field_report_a_bgp_peer_ip_survives_node_crash() {
         )
         .container(cid)
         .netns(&pod.path)
-        .args(&k8s("speaker-0", cid))
+        .args(&default_pod_args("speaker-0", cid))
         .run()
     };
     let ref_old = topo.add_pod("ref-old");
     assert_eq!(
-        address(&ref_call(&topo, 0, "ref-old", &ref_old)),
+        ref_call(&topo, 0, "ref-old", &ref_old).first_address(),
         "172.31.59.2"
     );
     topo.crash_node(0, &[&ref_old]);
@@ -103,15 +98,16 @@ fn field_report_a_bgp_peer_ip_survives_node_crash() {
     ours["args"] = json!({"cni": {"identity": "bgp-peer-a"}});
     let old = topo.add_pod("old");
     assert_eq!(
-        address(&call(
+        call(
             &topo,
             2,
             "ADD",
             &ours,
             "old",
             &old,
-            &k8s("speaker-0", "uid-old")
-        )),
+            &default_pod_args("speaker-0", "uid-old")
+        )
+        .first_address(),
         "172.31.59.2"
     );
     assert!(topo.ping_eventually(&router, "172.31.59.2", 3));
@@ -125,9 +121,9 @@ fn field_report_a_bgp_peer_ip_survives_node_crash() {
         &ours,
         "new",
         &new,
-        &k8s("speaker-0", "uid-new"),
+        &default_pod_args("speaker-0", "uid-new"),
     );
-    assert_eq!(address(&reply), "172.31.59.2", "{}", reply.stderr);
+    assert_eq!(reply.first_address(), "172.31.59.2", "{}", reply.stderr);
     eprintln!("takeover ADD answered in {:?}", start.elapsed());
     assert!(
         topo.ping_eventually(&router, "172.31.59.2", 3),
@@ -163,9 +159,9 @@ fn field_report_b_replacements_after_node_crash_need_no_cleanup() {
             &conf,
             &format!("c-{name}"),
             &pod,
-            &k8s(&name, &name),
+            &default_pod_args(&name, &name),
         );
-        assert!(ips.insert(address(&reply)));
+        assert!(ips.insert(reply.first_address()));
         if node == 0 {
             on_node1.push(pod);
         }
@@ -178,7 +174,7 @@ fn field_report_b_replacements_after_node_crash_need_no_cleanup() {
         &conf,
         "c-extra",
         &extra,
-        &k8s("web-extra", "x"),
+        &default_pod_args("web-extra", "x"),
     );
     full.expect_refused(11, &["10.213.0.10-10.213.0.19", NET]);
 
@@ -195,9 +191,9 @@ fn field_report_b_replacements_after_node_crash_need_no_cleanup() {
             &conf,
             &format!("c-{name}"),
             &pod,
-            &k8s(&name, &name),
+            &default_pod_args(&name, &name),
         );
-        replacement_ips.insert(address(&reply));
+        replacement_ips.insert(reply.first_address());
     }
     assert_eq!(replacement_ips.len(), 4);
     assert!(
@@ -218,15 +214,16 @@ fn restart_keeps_ip_and_late_del_is_a_no_op() {
     let store = topo.file("store");
     let conf = configs::sticky("uplink0", &store, json!({"identityPolicy": "podName"}));
     let first = topo.add_pod("sandbox1");
-    let ip = address(&call(
+    let ip = call(
         &topo,
         0,
         "ADD",
         &conf,
         "sandbox1",
         &first,
-        &k8s("db-0", "uid-db"),
-    ));
+        &default_pod_args("db-0", "uid-db"),
+    )
+    .first_address();
     let second = topo.add_pod("sandbox2");
     let again = call(
         &topo,
@@ -235,9 +232,9 @@ fn restart_keeps_ip_and_late_del_is_a_no_op() {
         &conf,
         "sandbox2",
         &second,
-        &k8s("db-0", "uid-db"),
+        &default_pod_args("db-0", "uid-db"),
     );
-    assert_eq!(address(&again), ip, "same pod, same IP");
+    assert_eq!(again.first_address(), ip, "same pod, same IP");
     let late = call(
         &topo,
         0,
@@ -245,7 +242,7 @@ fn restart_keeps_ip_and_late_del_is_a_no_op() {
         &conf,
         "sandbox1",
         &first,
-        &k8s("db-0", "uid-db"),
+        &default_pod_args("db-0", "uid-db"),
     );
     late.expect_ok();
     assert_eq!(
@@ -261,7 +258,7 @@ fn restart_keeps_ip_and_late_del_is_a_no_op() {
         &conf,
         "sandbox2",
         &second,
-        &k8s("db-0", "uid-db"),
+        &default_pod_args("db-0", "uid-db"),
     )
     .expect_ok();
     call(
@@ -271,7 +268,7 @@ fn restart_keeps_ip_and_late_del_is_a_no_op() {
         &conf,
         "sandbox2",
         &second,
-        &k8s("db-0", "uid-db"),
+        &default_pod_args("db-0", "uid-db"),
     )
     .expect_ok();
     assert_eq!(holder_of(&store, NET, "default/db-0"), None);
@@ -291,30 +288,41 @@ fn sticky_across_scale_down_and_up() {
         let pod = topo.add_pod(&name);
         first.insert(
             name.clone(),
-            address(&call(
+            call(
                 &topo,
                 0,
                 "ADD",
                 &conf,
                 &name,
                 &pod,
-                &k8s(&name, &format!("u-{name}")),
-            )),
+                &default_pod_args(&name, &format!("u-{name}")),
+            )
+            .first_address(),
         );
-        call(&topo, 0, "DEL", &conf, &name, &pod, &k8s(&name, "")).expect_ok();
+        call(
+            &topo,
+            0,
+            "DEL",
+            &conf,
+            &name,
+            &pod,
+            &default_pod_args(&name, ""),
+        )
+        .expect_ok();
     }
     for i in 0..5 {
         let name = format!("other-{i}");
         let pod = topo.add_pod(&name);
-        let ip = address(&call(
+        let ip = call(
             &topo,
             0,
             "ADD",
             &conf,
             &name,
             &pod,
-            &k8s(&name, &name),
-        ));
+            &default_pod_args(&name, &name),
+        )
+        .first_address();
         assert!(
             !first.values().any(|v| *v == ip),
             "{ip} is reserved for a scaled-down identity"
@@ -323,15 +331,16 @@ fn sticky_across_scale_down_and_up() {
     for i in (0..3).rev() {
         let name = format!("rs-{i}");
         let pod = topo.add_pod(&format!("{name}-b"));
-        let ip = address(&call(
+        let ip = call(
             &topo,
             0,
             "ADD",
             &conf,
             &format!("{name}-b"),
             &pod,
-            &k8s(&name, &format!("u2-{name}")),
-        ));
+            &default_pod_args(&name, &format!("u2-{name}")),
+        )
+        .first_address();
         assert_eq!(ip, first[&name], "{name} got its address back");
     }
     assert_invariants(&store, NET);
@@ -346,15 +355,16 @@ fn live_holder_is_refused_and_nothing_changes() {
     let mut conf = configs::sticky("uplink0", &store, json!({}));
     conf["args"] = json!({"cni": {"identity": "peer-b"}});
     let holder = topo.add_pod("holder");
-    let ip = address(&call(
+    let ip = call(
         &topo,
         0,
         "ADD",
         &conf,
         "holder",
         &holder,
-        &k8s("peer-b-1", "uid-1"),
-    ));
+        &default_pod_args("peer-b-1", "uid-1"),
+    )
+    .first_address();
     let before = snapshot(&store);
     let rival = topo.add_pod("rival");
     let refused = call(
@@ -364,7 +374,7 @@ fn live_holder_is_refused_and_nothing_changes() {
         &conf,
         "rival",
         &rival,
-        &k8s("peer-b-2", "uid-2"),
+        &default_pod_args("peer-b-2", "uid-2"),
     );
     refused.expect_refused(11, &[&ip, "default/peer-b-1", "still exists"]);
     assert_eq!(snapshot(&store), before, "the store is untouched");
@@ -395,7 +405,7 @@ fn concurrent_adds_get_distinct_addresses() {
                 let call = CniCall::new(&our_plugin(), &node, "ADD", conf.clone())
                     .container(&format!("ctr{i}"))
                     .netns(&pod.path)
-                    .args(&k8s(&format!("set-{i}"), &format!("uid-{i}")));
+                    .args(&default_pod_args(&format!("set-{i}"), &format!("uid-{i}")));
                 s.spawn(move || call.run())
             })
             .collect();
@@ -404,14 +414,14 @@ fn concurrent_adds_get_distinct_addresses() {
             .map(|h| h.join().expect("thread"))
             .collect()
     });
-    let ips: BTreeSet<String> = replies.iter().map(address).collect();
+    let ips: BTreeSet<String> = replies.iter().map(CniReply::first_address).collect();
     assert_eq!(ips.len(), 64, "64 distinct addresses");
     let held = assert_invariants(&store, NET);
     assert_eq!(held.len(), 64);
     for (i, reply) in replies.iter().enumerate() {
         assert_eq!(
             held[&format!("default/set-{i}")].to_string(),
-            address(reply)
+            reply.first_address()
         );
     }
 }
@@ -436,7 +446,7 @@ fn kill_9_during_add_and_del_loses_nothing() {
     let probe = CniCall::new(&our_plugin(), &node, "ADD", conf.clone())
         .container("probe")
         .netns(&probe_pod.path)
-        .args(&k8s("probe", "probe"));
+        .args(&default_pod_args("probe", "probe"));
     let span = probe.run().elapsed;
     probe.clone().command("DEL").run().expect_ok();
     let span_us = span.as_micros().max(1000) as usize;
@@ -448,7 +458,7 @@ fn kill_9_during_add_and_del_loses_nothing() {
         );
         let name = format!("crash-{}", trial % identities);
         let uid = format!("uid-{trial}");
-        let args = k8s(&name, &uid);
+        let args = default_pod_args(&name, &uid);
         let delay = Duration::from_micros(((trial * 7919) % span_us) as u64);
         let pod = topo.add_pod(&format!("t{trial}"));
         let cid = format!("ctr-{trial}");
@@ -468,7 +478,7 @@ fn kill_9_during_add_and_del_loses_nothing() {
             topo.delete_netns(&pod.netns);
             let pod = topo.add_pod(&format!("t{trial}-retry"));
             let reply = call(&topo, 0, "ADD", &conf, &format!("{cid}-retry"), &pod, &args);
-            let ip = address(&reply);
+            let ip = reply.first_address();
             if let Some(old) = bound.insert(name.clone(), ip.clone()) {
                 assert_eq!(old, ip, "{name} lost its sticky binding");
             }
@@ -479,7 +489,7 @@ fn kill_9_during_add_and_del_loses_nothing() {
             call(&topo, 0, "DEL", &conf, &format!("{cid}-retry"), &pod, &args).expect_ok();
             topo.delete_netns(&pod.netns);
         } else {
-            let ip = address(&add.run());
+            let ip = add.run().first_address();
             if let Some(old) = bound.insert(name.clone(), ip.clone()) {
                 assert_eq!(old, ip, "{name} lost its sticky binding");
             }
@@ -551,19 +561,34 @@ fn standalone_ipam_behind_reference_macvlan() {
         .run()
     };
     let a = topo.add_pod("a");
-    let ip = address(&run(&topo, 0, "ADD", "a", &a, &k8s("peer-0", "u1")));
-    run(&topo, 0, "DEL", "a", &a, &k8s("peer-0", "u1")).expect_ok();
+    let ip = run(&topo, 0, "ADD", "a", &a, &default_pod_args("peer-0", "u1")).first_address();
+    run(&topo, 0, "DEL", "a", &a, &default_pod_args("peer-0", "u1")).expect_ok();
     let b = topo.add_pod("b");
-    let other = address(&run(&topo, 0, "ADD", "b", &b, &k8s("peer-1", "u2")));
+    let other = run(&topo, 0, "ADD", "b", &b, &default_pod_args("peer-1", "u2")).first_address();
     assert_ne!(other, ip);
     let a2 = topo.add_pod("a2");
     assert_eq!(
-        address(&run(&topo, 0, "ADD", "a2", &a2, &k8s("peer-0", "u3"))),
+        run(
+            &topo,
+            0,
+            "ADD",
+            "a2",
+            &a2,
+            &default_pod_args("peer-0", "u3")
+        )
+        .first_address(),
         ip
     );
     // Refused while a2's netns lives, taken over once it is gone.
     let a3 = topo.add_pod("a3");
-    let refused = run(&topo, 1, "ADD", "a3", &a3, &k8s("peer-0", "u4"));
+    let refused = run(
+        &topo,
+        1,
+        "ADD",
+        "a3",
+        &a3,
+        &default_pod_args("peer-0", "u4"),
+    );
     refused.expect_refused(11, &["held by pod default/peer-0"]);
     // The reference macvlan leaves its link behind when its IPAM refuses
     // (ours removes it); kubelet's next try is a new sandbox anyway.
@@ -574,7 +599,15 @@ fn standalone_ipam_behind_reference_macvlan() {
     topo.crash_node(0, &[&a2]);
     let a4 = topo.add_pod("a4");
     assert_eq!(
-        address(&run(&topo, 1, "ADD", "a4", &a4, &k8s("peer-0", "u4"))),
+        run(
+            &topo,
+            1,
+            "ADD",
+            "a4",
+            &a4,
+            &default_pod_args("peer-0", "u4")
+        )
+        .first_address(),
         ip
     );
     assert!(topo.ping_eventually(&a4.netns, &format!("{SUBNET_PREFIX}.1"), 3));
@@ -623,19 +656,6 @@ fn gc_check_and_status() {
         .expect_ok();
 }
 
-fn cli(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(our_plugin())
-        .args(args)
-        .env_remove("CNI_COMMAND")
-        .output()
-        .expect("run cli");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
-
 /// The operator CLI: import a live host-local directory, list, refuse to
 /// release a live holder, reconcile dead ones, release by identity.
 #[test]
@@ -649,21 +669,20 @@ fn operator_cli_import_claims_release_reconcile() {
         configs::host_local(&hl_dir),
     );
     let live = topo.add_pod("live");
-    let hl_ip = address(
-        &CniCall::new(
-            &reference_plugin("macvlan"),
-            &topo.node(0).netns,
-            "ADD",
-            reference,
-        )
-        .container("hl-live")
-        .netns(&live.path)
-        .run(),
-    );
+    let hl_ip = CniCall::new(
+        &reference_plugin("macvlan"),
+        &topo.node(0).netns,
+        "ADD",
+        reference,
+    )
+    .container("hl-live")
+    .netns(&live.path)
+    .run()
+    .first_address();
     let store = topo.file("store");
     let dir = store.to_string_lossy().to_string();
     let from = hl_dir.join(NET);
-    let (ok, out, err) = cli(&[
+    let (ok, out, err) = sticky_e2e::scenario::run_cli(&[
         "import-host-local",
         "--dir",
         &dir,
@@ -678,17 +697,18 @@ fn operator_cli_import_claims_release_reconcile() {
     // The node switches to sticky-ipam: no conflict with the imported IP.
     let conf = configs::sticky("uplink0", &store, json!({"identityPolicy": "podName"}));
     let pod = topo.add_pod("new");
-    let ip = address(&call(
+    let ip = call(
         &topo,
         0,
         "ADD",
         &conf,
         "new",
         &pod,
-        &k8s("db-0", "u1"),
-    ));
+        &default_pod_args("db-0", "u1"),
+    )
+    .first_address();
     assert_ne!(ip, hl_ip);
-    let (ok, table, _) = cli(&["claims", "--dir", &dir]);
+    let (ok, table, _) = sticky_e2e::scenario::run_cli(&["claims", "--dir", &dir]);
     assert!(ok);
     assert!(table.starts_with("NETWORK  IP"), "{table}");
     assert!(
@@ -697,7 +717,7 @@ fn operator_cli_import_claims_release_reconcile() {
     );
 
     // A live holder is not released without --force.
-    let (ok, _, err) = cli(&[
+    let (ok, _, err) = sticky_e2e::scenario::run_cli(&[
         "release",
         "--dir",
         &dir,
@@ -709,11 +729,11 @@ fn operator_cli_import_claims_release_reconcile() {
     assert!(!ok && err.contains("considered alive"), "{err}");
     // Its pod dies without DEL: reconcile releases the holder, keeps the IP reserved.
     topo.delete_netns(&pod.netns);
-    let (ok, out, _) = cli(&["reconcile", "--dir", &dir]);
+    let (ok, out, _) = sticky_e2e::scenario::run_cli(&["reconcile", "--dir", &dir]);
     assert!(ok && out.contains("1 dead holders released"), "{out}");
-    let (_, table, _) = cli(&["claims", "--dir", &dir, "--network", NET]);
+    let (_, table, _) = sticky_e2e::scenario::run_cli(&["claims", "--dir", &dir, "--network", NET]);
     assert!(table.contains("reserved"), "{table}");
-    let (ok, out, _) = cli(&[
+    let (ok, out, _) = sticky_e2e::scenario::run_cli(&[
         "release",
         "--dir",
         &dir,
@@ -735,9 +755,10 @@ fn operator_cli_import_claims_release_reconcile() {
             .all(|c| c.is_tombstone() && c.ip.to_string() == ip),
         "{left:?}"
     );
-    let (ok, _, err) = cli(&["release", "--dir", &dir]);
+    let (ok, _, err) = sticky_e2e::scenario::run_cli(&["release", "--dir", &dir]);
     assert!(!ok && err.contains("--network"), "{err}");
-    let (ok, _, err) = cli(&["claims", "--dir", &dir, "--network", "typo"]);
+    let (ok, _, err) =
+        sticky_e2e::scenario::run_cli(&["claims", "--dir", &dir, "--network", "typo"]);
     assert!(
         !ok && err.contains("\"typo\" has no claims") && err.contains(NET),
         "{err}"
@@ -746,7 +767,7 @@ fn operator_cli_import_claims_release_reconcile() {
         !store.join("typo").exists(),
         "a typo does not create a store"
     );
-    let (ok, _, err) = cli(&["claims", "--bogus"]);
+    let (ok, _, err) = sticky_e2e::scenario::run_cli(&["claims", "--bogus"]);
     assert!(!ok && err.contains("--bogus"), "{err}");
 }
 
@@ -857,11 +878,20 @@ fn dual_stack_identity_keeps_both_addresses() {
         &conf,
         "ds1",
         &first,
-        &k8s("ds-0", "u1"),
+        &default_pod_args("ds-0", "u1"),
     ));
     assert_eq!(got.len(), 2, "{got:?}");
     assert!(topo.ping_eventually(&first.netns, &format!("{SUBNET_PREFIX}.1"), 3));
-    call(&topo, 0, "DEL", &conf, "ds1", &first, &k8s("ds-0", "u1")).expect_ok();
+    call(
+        &topo,
+        0,
+        "DEL",
+        &conf,
+        "ds1",
+        &first,
+        &default_pod_args("ds-0", "u1"),
+    )
+    .expect_ok();
     let second = topo.add_pod("ds2");
     let again = addresses(&call(
         &topo,
@@ -870,7 +900,7 @@ fn dual_stack_identity_keeps_both_addresses() {
         &conf,
         "ds2",
         &second,
-        &k8s("ds-0", "u2"),
+        &default_pod_args("ds-0", "u2"),
     ));
     assert_eq!(again, got);
     let v6_ok = (0..3).any(|_| {
@@ -916,15 +946,7 @@ fn damaged_store_records_are_named_refused_and_repairable() {
     let mut ips = BTreeMap::new();
     for id in ["truncated", "empty", "corrupt", "intact"] {
         let pod = topo.add_pod(&format!("dmg-{id}"));
-        let ip = address(&call(
-            &topo,
-            0,
-            "ADD",
-            &conf(id),
-            id,
-            &pod,
-            "IgnoreUnknown=1",
-        ));
+        let ip = call(&topo, 0, "ADD", &conf(id), id, &pod, "IgnoreUnknown=1").first_address();
         assert!(call(&topo, 0, "DEL", &conf(id), id, &pod, "IgnoreUnknown=1").success);
         topo.delete_netns(&pod.netns);
         ips.insert(id, ip);
@@ -972,9 +994,9 @@ fn damaged_store_records_are_named_refused_and_repairable() {
         &pod,
         "IgnoreUnknown=1",
     );
-    assert_eq!(address(&r), ips["intact"]);
+    assert_eq!(r.first_address(), ips["intact"]);
     let pod = topo.add_pod("dmg-new");
-    let fresh = address(&call(
+    let fresh = call(
         &topo,
         0,
         "ADD",
@@ -982,7 +1004,8 @@ fn damaged_store_records_are_named_refused_and_repairable() {
         "new",
         &pod,
         "IgnoreUnknown=1",
-    ));
+    )
+    .first_address();
     assert!(
         !["truncated", "empty", "corrupt"]
             .iter()
@@ -991,7 +1014,7 @@ fn damaged_store_records_are_named_refused_and_repairable() {
     );
 
     // The CLI shows every damaged record by name...
-    let (ok, out, err) = cli(&["claims", "--dir", &dir]);
+    let (ok, out, err) = sticky_e2e::scenario::run_cli(&["claims", "--dir", &dir]);
     assert!(ok, "{out}{err}");
     for name in [
         ips["truncated"].as_str(),
@@ -1011,7 +1034,15 @@ fn damaged_store_records_are_named_refused_and_repairable() {
         ips["corrupt"].as_str(),
         "README.txt",
     ] {
-        let (ok, out, err) = cli(&["release", "--dir", &dir, "--network", NET, "--file", name]);
+        let (ok, out, err) = sticky_e2e::scenario::run_cli(&[
+            "release",
+            "--dir",
+            &dir,
+            "--network",
+            NET,
+            "--file",
+            name,
+        ]);
         assert!(ok, "release --file {name}: {out}{err}");
     }
     let pod = topo.add_pod("dmg-truncated-3");
