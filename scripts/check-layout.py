@@ -13,9 +13,6 @@
    name (plugin/ carries the product's name, sticky-macvlan; the others
    name sticky-cni `cni` as a dependency, the protocol's own name).
 
-Rule 1 is not yet true of the e2e harness and its scenario files: those
-over the limit are listed in OVER_LIMIT with the size they may not grow
-past; a listed file that fits must leave the list, so it only shrinks.
 """
 import collections
 import pathlib
@@ -24,14 +21,6 @@ import sys
 
 MAX_LINES = 600
 CRATES = ["cni", "ipam", "ops", "plugin", "e2e"]
-# Known debt (issue 27): split by scenario family, then remove the entry.
-OVER_LIMIT = {
-    "e2e/tests/bad_input.rs": 1034,
-    "e2e/tests/faults.rs": 738,
-    "e2e/tests/kube.rs": 2110,
-    "e2e/tests/real_cluster.rs": 3925,
-    "e2e/tests/sticky.rs": 1123,
-}
 PACKAGE = {c: f"sticky-{c}" for c in CRATES} | {"plugin": "sticky-macvlan"}
 
 
@@ -57,11 +46,8 @@ def main():
         for p in sources(crate):
             text = p.read_text()
             lines = text.count("\n")
-            ceiling = OVER_LIMIT.get(str(p), MAX_LINES)
-            if lines > ceiling:
-                problems.append(f"{p}: {lines} lines (at most {ceiling}): split it by concern")
-            elif str(p) in OVER_LIMIT and lines <= MAX_LINES:
-                problems.append(f"{p}: fits in {MAX_LINES} lines now: remove it from OVER_LIMIT")
+            if lines > MAX_LINES:
+                problems.append(f"{p}: {lines} lines (at most {MAX_LINES}): split it by concern")
             if is_test_file(p):
                 continue
             shipped = text.split("#[cfg(test)]")[0]
@@ -91,10 +77,7 @@ def main():
         print(p)
     if problems:
         sys.exit(1)
-    print(
-        f"layout: no file over {MAX_LINES} lines but the {len(OVER_LIMIT)} listed in OVER_LIMIT, "
-        "every type, module and test helper named once"
-    )
+    print(f"layout: no file over {MAX_LINES} lines, every type, module and test helper named once")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ t0=$SECONDS
 set +e
 STICKY_E2E_CLUSTER=1 STICKY_CHAOS_SEED=$seed STICKY_CHAOS_FAULTS=$faults \
     cargo test -p sticky-e2e --test real_cluster -- --exact --nocapture --test-threads=1 \
-    a_seeded_chaos_run_never_puts_one_address_on_two_pods >"target/soak-$seed.log" 2>&1
+    chaos::a_seeded_chaos_run_never_puts_one_address_on_two_pods >"target/soak-$seed.log" 2>&1
 status=$?
 set -e
 grep -E '^chaos|test result|panicked' "target/soak-$seed.log" || true

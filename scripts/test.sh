@@ -32,11 +32,14 @@ unit | netns | apiserver | cluster | all) ;;
     exit 2
     ;;
 esac
-for f in e2e/tests/*.rs; do
-    name=$(basename "$f" .rs)
+# A test binary is a file (e2e/tests/NAME.rs) or a folder with a module
+# per scenario family (e2e/tests/NAME/main.rs).
+for f in e2e/tests/*.rs e2e/tests/*/main.rs; do
+    [ -e "$f" ] || continue
+    case "$f" in */main.rs) name=$(basename "$(dirname "$f")") ;; *) name=$(basename "$f" .rs) ;; esac
     case " ${UNIT_TESTS[*]} ${NETNS_TESTS[*]} ${APISERVER_TESTS[*]} ${CLUSTER_TESTS[*]} " in
     *" $name "*) ;;
-    *) echo "scripts/test.sh: e2e/tests/$name.rs is in no tier: add it to one of the lists at the top" >&2; exit 1 ;;
+    *) echo "scripts/test.sh: e2e/tests/$name is in no tier: add it to one of the lists at the top" >&2; exit 1 ;;
     esac
 done
 # --test NAME for each test binary of a tier.
