@@ -218,7 +218,7 @@ fn typos_inside_our_ipam_are_refused_naming_the_key_meant() {
         ),
     ];
     // The ipam section is read the same way whatever the cniVersion;
-    // e2e/tests/bad_input.rs runs these through the binaries in each.
+    // e2e/tests/bad_input/ runs these through the binaries in each.
     for (change, key, meant) in &cases {
         let mut ipam = sticky_ipam();
         merge(&mut ipam, change);

@@ -1,5 +1,5 @@
 //! A TCP proxy that misbehaves on purpose, put between the plugin and the
-//! real kube-apiserver of the local cluster (`e2e/tests/real_cluster.rs`):
+//! real kube-apiserver of the local cluster (`e2e/tests/real_cluster/`):
 //! each new connection reads the mode from the `--mode-file` and is then
 //! passed through, delayed, reset, or accepted and never answered. TLS
 //! passes through untouched (the plugin still verifies the API server).
