@@ -54,6 +54,10 @@ static_checks() {
     python3 scripts/check-layout.py
     # The manual's links and anchors, every page in the book, the README short.
     python3 scripts/check-docs.py
+    # Every script parses (the cluster's parts are sourced, so a typo in
+    # one would only show once a cluster is started).
+    local script
+    for script in scripts/*.sh scripts/cluster/*.sh .ci/run; do bash -n "$script"; done
 }
 
 if [ "$tier" = unit ]; then
