@@ -152,5 +152,10 @@ build() {
         github.com/containernetworking/plugins/plugins/meta/tuning
     go_build whereabouts e2e/tools/whereabouts cni/whereabouts -- -ldflags "-s -w" -o "$B/cni/whereabouts" \
         github.com/k8snetworkplumbingwg/whereabouts/cmd
+    # The chart's tools: helm (lint, template, and the install test) and
+    # promtool (the alert rules' checks and unit tests).
+    go_build helm e2e/tools/helm bin/helm -- -ldflags "-s -w" -o "$BIN/helm" helm.sh/helm/v4/cmd/helm
+    go_build promtool e2e/tools/promtool bin/promtool -- -ldflags "-s -w" -o "$BIN/promtool" \
+        github.com/prometheus/prometheus/cmd/promtool
     build_images
 }
