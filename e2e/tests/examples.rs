@@ -139,8 +139,34 @@ fn the_crd_is_the_generated_one() {
     assert_eq!(
         docs,
         sticky_ipam::kube::crd::definitions(),
-        "regenerate it: sticky-macvlan crd > deploy/10-ipclaim-crd.yaml"
+        "regenerate it: sticky-macvlan crd into charts/sticky-macvlan/templates/10-ipclaim-crd.yaml, then python3 scripts/render-deploy.py"
     );
+    // helm uninstall deleting a CRD would delete every claim.
+    for crd in &docs {
+        assert_eq!(
+            crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+            "{}: helm must never delete it",
+            crd["metadata"]["name"]
+        );
+    }
+}
+
+/// The chart is this release: its version and appVersion are the crates'
+/// (the image tag it defaults to is the appVersion).
+#[test]
+fn the_chart_is_this_release() {
+    let path = repo_root().join("charts/sticky-macvlan/Chart.yaml");
+    let text = std::fs::read_to_string(&path).expect("charts/sticky-macvlan/Chart.yaml");
+    let chart: Value =
+        serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    for key in ["version", "appVersion"] {
+        assert_eq!(
+            chart[key],
+            env!("CARGO_PKG_VERSION"),
+            "{}: {key} must be the release's version",
+            path.display()
+        );
+    }
 }
 
 #[test]

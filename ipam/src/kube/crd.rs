@@ -228,7 +228,7 @@ fn conditions(c: &Claim) -> Vec<ClaimCondition> {
 
 /// The CRDs as installed: IPClaim, then IPLock.
 pub fn definitions() -> Vec<serde_json::Value> {
-    vec![
+    [
         described(
             without_status(serde_json::to_value(IPClaim::crd()).unwrap_or_default()),
             "One identity's address on a network, in one address family, and the attachment (pod sandbox, interface, node) that holds it. Written by the sticky-macvlan CNI plugin on every node; read it with kubectl get ipclaims, change it only with sticky-macvlan release.",
@@ -238,6 +238,18 @@ pub fn definitions() -> Vec<serde_json::Value> {
             "The lock on one address of a network: created before the IPClaim that names the address and deleted after it, so no two identities hold one address. Written by the sticky-macvlan CNI plugin; never edit it by hand.",
         ),
     ]
+    .into_iter()
+    .map(kept_by_helm)
+    .collect()
+}
+
+/// The CRD marked so that helm never deletes it, neither on `helm
+/// uninstall` nor on an upgrade whose chart leaves it out: deleting a CRD
+/// deletes every claim of it, and the claims are what keeps an address
+/// sticky across a reinstall. kubectl ignores the annotation.
+fn kept_by_helm(mut crd: serde_json::Value) -> serde_json::Value {
+    crd["metadata"]["annotations"]["helm.sh/resource-policy"] = "keep".into();
+    crd
 }
 
 /// The CRD with `text` as its schema's description, instead of the one
