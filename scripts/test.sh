@@ -60,6 +60,22 @@ static_checks() {
     for script in scripts/*.sh scripts/cluster/*.sh .ci/run; do bash -n "$script"; done
 }
 
+# The chart (charts/sticky-macvlan) with helm and promtool from their
+# pinned modules (scripts/cluster.sh build): it lints with every optional
+# part on, deploy/ is its rendering, and the alert rules are valid and
+# pass their unit tests (each alert fired and held back).
+chart_checks() {
+    local bin=target/cluster/bin chart=charts/sticky-macvlan
+    "$bin/helm" lint --strict "$chart"
+    "$bin/helm" lint --strict "$chart" --set prometheusRule.enabled=true \
+        --set reconcile.metrics.serviceMonitor.enabled=true --set cni.confDir=/var/lib/rancher/k3s/agent/etc/cni/net.d
+    "$bin/helm" lint --strict "$chart" --set reconcile.enabled=false --set nodeScopePolicy.enabled=false \
+        --set crds.install=false
+    HELM=$bin/helm python3 scripts/render-deploy.py --check
+    "$bin/promtool" check rules "$chart/files/prometheus-rules.yaml"
+    (cd "$chart" && "../../$bin/promtool" test rules tests/prometheus-rules.test.yaml)
+}
+
 if [ "$tier" = unit ]; then
     static_checks
     # The crates' own tests (no namespaces, no root) and the manifests.
@@ -80,6 +96,8 @@ bash scripts/tools.sh
 # The local cluster's components and images, and the reference plugins
 # 1.10.0 (cached in target/cluster; a cold build takes about 20 minutes).
 bash scripts/cluster.sh build
+# The cluster tier installs the chart, so it checks it too (all does below).
+if [ "$tier" = cluster ]; then chart_checks; fi
 
 if [ "$tier" = all ]; then
     # The manifests against the Kubernetes schemas, offline (the validator
@@ -93,6 +111,7 @@ if [ "$tier" = all ]; then
     # As a module: a fresh pyenv may not have a shim for the script yet.
     python3 -m kubernetes_validate --strict --quiet deploy/*.yaml deploy/optional/*.yaml examples/*.yaml
     static_checks
+    chart_checks
     # The manual builds (mdbook from crates.io, pinned, cached in target/tools).
     MDBOOK_VERSION=0.5.4
     if [ "$(target/tools/mdbook/bin/mdbook --version 2>/dev/null)" != "mdbook v$MDBOOK_VERSION" ]; then

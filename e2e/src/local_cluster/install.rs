@@ -1,6 +1,7 @@
 //! Installing the plugin on the local cluster: the install set of
-//! deploy/, the previous release for the upgrade test, and the waits that
-//! make each scenario start from a node whose plugin works.
+//! deploy/, the chart with helm, the previous release for the upgrade
+//! test, and the waits that make each scenario start from a node whose
+//! plugin works.
 
 use super::*;
 
@@ -197,6 +198,37 @@ impl LocalCluster {
                 .collect(),
             examples: dir.join("examples"),
         }
+    }
+
+    /// The chart a user installs with helm.
+    pub fn chart_dir(&self) -> PathBuf {
+        self.root.join("charts/sticky-macvlan")
+    }
+
+    /// helm ARGS against this cluster: helm from its pinned module
+    /// (`scripts/cluster.sh build`), its state in .cluster/helm rather than
+    /// in the home directory. Its stdout, or its stderr as the error.
+    pub fn try_helm(&self, args: &[&str]) -> Result<String, String> {
+        let state = self.root.join(".cluster/helm");
+        let out = Command::new(self.root.join("target/cluster/bin/helm"))
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .env("HELM_CACHE_HOME", state.join("cache"))
+            .env("HELM_CONFIG_HOME", state.join("config"))
+            .env("HELM_DATA_HOME", state.join("data"))
+            .output()
+            .map_err(|e| format!("cannot run helm (scripts/cluster.sh build makes it): {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    pub fn helm(&self, args: &[&str]) -> String {
+        self.try_helm(args)
+            .unwrap_or_else(|e| panic!("helm {}: {e}", args.join(" ")))
     }
 
     /// `sticky-macvlan version` of the binary installed on NODE.

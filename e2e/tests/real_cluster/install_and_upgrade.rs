@@ -1,5 +1,6 @@
-//! The DaemonSet's install: its token through a rollout, and the upgrade
-//! from the previous release.
+//! The DaemonSet's install: its token through a rollout, the upgrade
+//! from the previous release, and the helm chart's install, upgrade and
+//! reinstall.
 
 use super::*;
 
@@ -341,5 +342,160 @@ fn upgrading_a_running_cluster_from_the_previous_release_keeps_every_address() {
         rolled.as_secs_f64(),
         nodes.len(),
         attached.as_secs_f64()
+    );
+}
+
+/// The release name the chart's docs give.
+const HELM_RELEASE: &str = "sticky-macvlan";
+
+/// Uninstalls the helm release a test made (whatever it left), before the
+/// plain install is put back for the tests after it.
+struct HelmReleaseRemoved<'a>(&'a LocalCluster);
+
+impl Drop for HelmReleaseRemoved<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.try_helm(&[
+            "uninstall",
+            HELM_RELEASE,
+            "--namespace",
+            "kube-system",
+            "--ignore-not-found",
+            "--wait",
+            "--timeout=120s",
+        ]) {
+            eprintln!("cleanup: helm uninstall {HELM_RELEASE}: {e}");
+        }
+    }
+}
+
+/// The chart as a user installs it: `helm install` of charts/sticky-macvlan
+/// (the image this build made, already on every node) where the plain
+/// install was removed. A StatefulSet gets its addresses; `helm upgrade`
+/// with changed values rolls the DaemonSet while the pods run and keeps
+/// every address; `helm uninstall` removes the release but leaves the
+/// CRDs and every claim (helm.sh/resource-policy: keep); installing again
+/// under the same name adopts the CRDs, and the StatefulSet's pods,
+/// replaced, come back on their addresses.
+#[test]
+fn the_helm_chart_installs_upgrades_and_reinstalls_keeping_every_address() {
+    let Some(c) = cluster("the_helm_chart_installs_upgrades_and_reinstalls_keeping_every_address")
+    else {
+        return;
+    };
+    let _restore = InstallRestored(&c);
+    c.uninstall();
+    let _release = HelmReleaseRemoved(&c);
+    let chart = c.chart_dir();
+    let chart = chart.to_string_lossy();
+    let install = [
+        "install",
+        HELM_RELEASE,
+        &chart,
+        "--namespace",
+        "kube-system",
+    ];
+    c.helm(&install);
+    c.wait_rolled_out();
+    let daemonset = || c.json(&["-n", "kube-system", "get", "daemonset", "sticky-macvlan"]);
+    assert_eq!(
+        daemonset()["metadata"]["annotations"]["meta.helm.sh/release-name"],
+        HELM_RELEASE,
+        "the DaemonSet is the release's"
+    );
+    let (test_ns, _claims) = setup_statefulset(&c, "helm", 3);
+    let ns = test_ns.name.clone();
+    let before = db_attached_distinct(&c, &ns, 3, "installed by helm");
+    let uids: Vec<String> = sts_pods(3).iter().map(|p| uid(&c, &ns, p)).collect();
+
+    // An upgrade that changes the DaemonSet's pod template, pods running.
+    let generation = daemonset()["metadata"]["generation"].as_u64().unwrap_or(0);
+    c.helm(&[
+        "upgrade",
+        HELM_RELEASE,
+        &chart,
+        "--namespace",
+        "kube-system",
+        "--set",
+        "installer.resources.requests.cpu=6m",
+        "--set",
+        "reconcile.interval=30",
+    ]);
+    c.wait_rolled_out();
+    let rolled = daemonset()["metadata"]["generation"].as_u64().unwrap_or(0);
+    assert!(
+        rolled > generation,
+        "the upgrade changed the DaemonSet's template: generation {generation} -> {rolled}"
+    );
+    let reconcile = c.json(&[
+        "-n",
+        "kube-system",
+        "get",
+        "deployment",
+        "sticky-macvlan-reconcile",
+    ]);
+    let command = reconcile["spec"]["template"]["spec"]["containers"][0]["command"].to_string();
+    assert!(
+        command.contains(r#""--interval","30""#),
+        "the upgraded values: {command}"
+    );
+    for (p, was) in sts_pods(3).iter().zip(&uids) {
+        assert_eq!(&uid(&c, &ns, p), was, "{p} ran through the upgrade");
+        assert_eq!(
+            Some(&c.pod_addrs(&ns, p, "net1")),
+            before.get(p.as_str()),
+            "{p} keeps its addresses through the upgrade"
+        );
+    }
+
+    // Uninstall: the release goes, the CRDs and the claims stay.
+    c.helm(&[
+        "uninstall",
+        HELM_RELEASE,
+        "--namespace",
+        "kube-system",
+        "--wait",
+        "--timeout=120s",
+    ]);
+    c.wait(
+        "no sticky-macvlan installer pod left after helm uninstall",
+        Duration::from_secs(120),
+        || match c.installer_pods(None) {
+            Some(0) => Ok(()),
+            n => Err(format!("{n:?} pods")),
+        },
+    );
+    assert!(
+        c.try_kubectl(&["-n", "kube-system", "get", "daemonset", "sticky-macvlan"])
+            .is_err(),
+        "helm uninstall removed the DaemonSet"
+    );
+    for crd in ["ipclaims.sticky-macvlan.io", "iplocks.sticky-macvlan.io"] {
+        c.try_kubectl(&["get", "crd", crd])
+            .unwrap_or_else(|e| panic!("helm uninstall must keep the CRD {crd}: {e}"));
+    }
+    for p in sts_pods(3) {
+        let kept = claims_of_identity(&c, &format!("{ns}/{p}"));
+        assert_eq!(
+            kept.len(),
+            2,
+            "{p}: its v4 and v6 claims outlive the release: {kept:?}"
+        );
+    }
+
+    // Reinstall under the same name: the kept CRDs are adopted, and the
+    // pods, replaced, get their addresses back.
+    c.helm(&install);
+    c.wait_rolled_out();
+    let pods = sts_pods(3);
+    let mut delete = vec!["-n", ns.as_str(), "delete", "pod", "--wait=true"];
+    delete.extend(pods.iter().map(String::as_str));
+    c.kubectl(&delete);
+    for p in &pods {
+        c.wait_running(&ns, p, &[], 2 * MINUTE);
+    }
+    let after = db_attached_distinct(&c, &ns, 3, "reinstalled by helm");
+    assert_eq!(
+        after, before,
+        "every db pod back on its addresses after the reinstall"
     );
 }
