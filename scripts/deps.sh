@@ -25,6 +25,13 @@ command -v iptables >/dev/null || need+=(iptables)
 command -v conntrack >/dev/null || need+=(conntrack)
 command -v openssl >/dev/null || need+=(openssl)
 [ -x /bin/busybox ] || need+=(busybox-static)
+# The release image (scripts/image.sh): buildah builds it from the
+# Containerfile, the arm64 image carries Debian's cross C library, qemu
+# runs its binaries in the smoke test, skopeo reads the image back.
+command -v buildah >/dev/null || need+=(buildah)
+[ -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ] || need+=(libc6-arm64-cross)
+command -v qemu-aarch64-static >/dev/null || need+=(qemu-user-static)
+command -v skopeo >/dev/null || need+=(skopeo)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing: ${need[*]}"
     apt-get update -qq

@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
-# The release: sticky-macvlan and sticky-ipam built for any x86_64 Linux
-# with glibc 2.28 or later (RHEL 8, Ubuntu 20.04, Debian 10 and newer), and
-# the OCI image deploy/40-daemonset.yaml and deploy/optional/reconcile-deployment.yaml
-# name, packed without a registry or a container engine.
+# The release: sticky-macvlan and sticky-ipam built for any x86_64 or
+# aarch64 Linux with glibc 2.28 or later (RHEL 8, Ubuntu 20.04, Debian 10
+# and newer), and the multi-arch OCI image deploy/40-daemonset.yaml and
+# deploy/optional/reconcile-deployment.yaml name, built from the
+# Containerfile by buildah (Debian's; FROM scratch, nothing pulled, no
+# registry).
 #
 #   scripts/image.sh [--out DIR]
 #
 # Writes DIR (default target/release-image) with:
-#   bin/sticky-macvlan, bin/sticky-ipam   the host binaries (glibc >= 2.28)
+#   bin/sticky-macvlan, bin/sticky-ipam   the x86_64 host binaries
 #   bin/kubectl-sticky                    a link: the kubectl plugin
+#   bin-aarch64/                          the same for aarch64
+#   rootfs/amd64, rootfs/arm64            each platform's image file system
 #   sticky-macvlan-image.tar              localhost/sticky-macvlan:<version>,
-#                                         a docker-archive that
-#                                         `ctr -n k8s.io images import` and
-#                                         `podman load` read
-# The glibc floor is checked (objdump -T): a symbol newer than 2.28 fails
-# the build. Zig (PyPI `ziglang`) is the cross linker, through
-# cargo-zigbuild (PyPI), installed into target/zigenv on first use: rustup
-# cannot fetch a musl target here, and a static glibc breaks NSS lookups.
+#                                         an OCI archive of the image index
+#                                         (linux/amd64 and linux/arm64) that
+#                                         `ctr -n k8s.io images import`,
+#                                         `skopeo copy` and `podman load` read
+# The glibc floor is checked (readelf): a symbol newer than 2.28 fails the
+# build. Zig (PyPI `ziglang`) is the cross linker, through cargo-zigbuild
+# (PyPI), installed into target/zigenv on first use: rustup cannot fetch a
+# musl target here, and a static glibc breaks NSS lookups. The image's
+# timestamps are the last commit's (SOURCE_DATE_EPOCH), so one commit
+# builds one image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,11 +36,14 @@ while [ $# -gt 0 ]; do
 done
 
 GLIBC_FLOOR=2.28
-TARGET=x86_64-unknown-linux-gnu.$GLIBC_FLOOR
 ZIG_PINS="cargo-zigbuild==0.24.0 ziglang==0.17.0"
+# rust target -> OCI architecture
+PLATFORMS="x86_64:amd64 aarch64:arm64"
 version=$(cargo metadata --no-deps --format-version 1 |
     python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "sticky-macvlan"))')
 tag=localhost/sticky-macvlan:$version
+revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 
 env_dir=target/zigenv
 if [ "$(cat "$env_dir/pins" 2>/dev/null)" != "$ZIG_PINS" ]; then
@@ -44,39 +54,75 @@ if [ "$(cat "$env_dir/pins" 2>/dev/null)" != "$ZIG_PINS" ]; then
     "$env_dir/bin/pip" install -q $ZIG_PINS
     echo "$ZIG_PINS" >"$env_dir/pins"
 fi
-command -v objdump >/dev/null || { apt-get update -qq && apt-get install -y -qq binutils >/dev/null; }
-
-PATH="$PWD/$env_dir/bin:$PATH" cargo zigbuild --release -p sticky-macvlan --bins \
-    --target "$TARGET" --target-dir target/zig
-built=target/zig/x86_64-unknown-linux-gnu/release
-
-# The floor: no versioned glibc symbol newer than GLIBC_FLOOR.
-for b in sticky-macvlan sticky-ipam; do
-    newest=$(objdump -T "$built/$b" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
-    if [ "$(printf '%s\n' "GLIBC_$GLIBC_FLOOR" "$newest" | sort -V | tail -1)" != "GLIBC_$GLIBC_FLOOR" ]; then
-        echo "image: $b needs $newest, above the floor GLIBC_$GLIBC_FLOOR" >&2
-        exit 1
-    fi
-    echo "image: $b needs at most $newest"
-done
+missing=()
+command -v readelf >/dev/null || missing+=(binutils)
+command -v buildah >/dev/null || missing+=(buildah)
+# The C library the arm64 image carries (and qemu's sysroot in the smoke test).
+[ -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ] || missing+=(libc6-arm64-cross)
+if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu ||
+    rustup target add aarch64-unknown-linux-gnu
 
 rm -rf "$out"
-mkdir -p "$out/bin"
-cp "$built/sticky-macvlan" "$built/sticky-ipam" "$out/bin/"
-# kubectl runs it as a plugin by this name (`kubectl sticky claims`).
-ln -s sticky-macvlan "$out/bin/kubectl-sticky"
+mkdir -p "$out"
+for platform in $PLATFORMS; do
+    arch=${platform%%:*} oci_arch=${platform#*:}
+    PATH="$PWD/$env_dir/bin:$PATH" cargo zigbuild --release -p sticky-macvlan --bins \
+        --target "$arch-unknown-linux-gnu.$GLIBC_FLOOR" --target-dir target/zig
+    built=target/zig/$arch-unknown-linux-gnu/release
+    # The floor: no versioned glibc symbol newer than GLIBC_FLOOR.
+    for b in sticky-macvlan sticky-ipam; do
+        newest=$(readelf --dyn-syms -W "$built/$b" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+        if [ "$(printf '%s\n' "GLIBC_$GLIBC_FLOOR" "$newest" | sort -V | tail -1)" != "GLIBC_$GLIBC_FLOOR" ]; then
+            echo "image: $arch $b needs $newest, above the floor GLIBC_$GLIBC_FLOOR" >&2
+            exit 1
+        fi
+        echo "image: $arch $b needs at most $newest"
+    done
+    bin=$out/bin
+    [ "$arch" = x86_64 ] || bin=$out/bin-$arch
+    mkdir -p "$bin"
+    cp "$built/sticky-macvlan" "$built/sticky-ipam" "$bin/"
+    # kubectl runs it as a plugin by this name (`kubectl sticky claims`).
+    ln -s sticky-macvlan "$bin/kubectl-sticky"
 
-# The image: both binaries at / with the C library they load inside the
-# container (the installer runs there; the host's own glibc serves them
-# once installed).
-rootfs=$(mktemp -d)
-trap 'rm -rf "$rootfs"' EXIT
-cp "$out/bin/sticky-macvlan" "$out/bin/sticky-ipam" "$rootfs/"
-for lib in $(ldd "$rootfs/sticky-macvlan" "$rootfs/sticky-ipam" 2>/dev/null | grep -o '/[^ ]*' | sort -u); do
-    [ -e "$lib" ] || continue
-    mkdir -p "$rootfs$(dirname "$lib")"
-    cp -L "$lib" "$rootfs$lib"
+    # The image's file system: both binaries at / with the C library they
+    # load (the installer runs in the container; the host's own glibc
+    # serves them once installed): the build host's for x86_64, Debian's
+    # cross one for aarch64, at the paths the binaries ask for.
+    rootfs=$out/rootfs/$oci_arch
+    mkdir -p "$rootfs/tmp"
+    cp "$bin/sticky-macvlan" "$bin/sticky-ipam" "$rootfs/"
+    if [ "$arch" = x86_64 ]; then
+        for lib in $(ldd "$rootfs/sticky-macvlan" "$rootfs/sticky-ipam" |
+            awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// && $1 !~ /:$/ {print $1}' | sort -u); do
+            mkdir -p "$rootfs$(dirname "$lib")"
+            cp -L "$lib" "$rootfs$lib"
+        done
+    else
+        # Where Debian's arm64 loader looks first (its built-in path).
+        mkdir -p "$rootfs/lib/aarch64-linux-gnu"
+        cp -L /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 "$rootfs/lib/"
+        for lib in $(readelf -d "$rootfs/sticky-macvlan" "$rootfs/sticky-ipam" | grep -o 'Shared library: \[[^]]*' | sed 's/.*\[//' | sort -u); do
+            [ "$lib" = ld-linux-aarch64.so.1 ] && continue
+            cp -L "/usr/aarch64-linux-gnu/lib/$lib" "$rootfs/lib/aarch64-linux-gnu/$lib"
+        done
+    fi
 done
-mkdir -p "$rootfs/tmp"
-e2e/images/docker-archive.sh "$rootfs" "$tag" /sticky-macvlan "$out/sticky-macvlan-image.tar"
-echo "image: $tag in $out/sticky-macvlan-image.tar; host binaries in $out/bin"
+
+# The image index, one image per platform, from the Containerfile. buildah
+# keeps its state under target/buildah (vfs: no overlay mount needed), so
+# the host's container storage is neither read nor changed.
+store=(--root "$PWD/target/buildah/root" --runroot "$PWD/target/buildah/run" --storage-driver vfs)
+buildah "${store[@]}" manifest rm "$tag" >/dev/null 2>&1 || true
+for platform in $PLATFORMS; do
+    buildah "${store[@]}" build -q --platform "linux/${platform#*:}" --manifest "$tag" \
+        --timestamp "$epoch" --build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
+        -f Containerfile "$out" >/dev/null
+done
+buildah "${store[@]}" manifest push -q --all --format oci "$tag" "oci-archive:$out/sticky-macvlan-image.tar:$tag"
+buildah "${store[@]}" manifest rm "$tag" >/dev/null
+buildah "${store[@]}" rmi --all -f >/dev/null 2>&1 || true
+echo "image: $tag (linux/amd64, linux/arm64) in $out/sticky-macvlan-image.tar; host binaries in $out/bin, $out/bin-aarch64"

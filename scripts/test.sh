@@ -22,7 +22,7 @@ tier=${1:-all}
 # Which e2e test binary belongs to which tier; a file in e2e/tests/ that
 # is in none fails the run, so no test is silently left out of a tier.
 UNIT_TESTS=(examples)
-NETNS_TESTS=(bad_input bgp conformance dataplane libcni new_user sticky)
+NETNS_TESTS=(bad_input bgp conformance dataplane libcni new_user release_image sticky)
 APISERVER_TESTS=(kube doctor faults kubectl_plugin)
 CLUSTER_TESTS=(real_cluster)
 case "$tier" in
