@@ -125,16 +125,7 @@ fn skopeo(args: &[&str]) -> Value {
         "oci-archive:{}",
         release_dir().join("sticky-macvlan-image.tar").display()
     );
-    let out = Command::new("skopeo")
-        .args(args)
-        .arg(&archive)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run skopeo (Debian's skopeo): {e}"));
-    assert!(
-        out.status.success(),
-        "skopeo {args:?} {archive}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = sticky_e2e::run(Command::new("skopeo").args(args).arg(&archive));
     serde_json::from_slice(&out.stdout).expect("skopeo prints JSON")
 }
 
@@ -193,18 +184,20 @@ fn the_image_is_an_index_of_both_platforms_with_its_labels_and_entrypoint() {
             "the commit it was built from: {config:#}"
         );
         // Reproducible: the commit's time, not the build's.
-        let committed = Command::new("git")
-            .args(["show", "-s", "--format=%ct", revision])
-            .current_dir(repo_root())
-            .output()
-            .expect("git show");
+        let committed = sticky_e2e::run(
+            Command::new("git")
+                .args(["show", "-s", "--format=%ct", revision])
+                .current_dir(repo_root()),
+        );
         let epoch = String::from_utf8_lossy(&committed.stdout)
             .trim()
             .to_string();
-        let date = Command::new("date")
-            .args(["-u", "-d", &format!("@{epoch}"), "+%Y-%m-%dT%H:%M:%SZ"])
-            .output()
-            .expect("date");
+        let date = sticky_e2e::run(Command::new("date").args([
+            "-u",
+            "-d",
+            &format!("@{epoch}"),
+            "+%Y-%m-%dT%H:%M:%SZ",
+        ]));
         assert_eq!(
             config["created"],
             String::from_utf8_lossy(&date.stdout).trim(),

@@ -149,8 +149,14 @@ impl LocalCluster {
                 &path.to_string_lossy(),
             ]);
         }
+        self.wait_installer_pods_gone("the install set deleted");
+    }
+
+    /// Waits (up to 2 minutes) until no sticky-macvlan installer pod is
+    /// left, AFTER what removed the DaemonSet.
+    pub fn wait_installer_pods_gone(&self, after: &str) {
         self.wait(
-            "no sticky-macvlan installer pod left",
+            &format!("no sticky-macvlan installer pod left after {after}"),
             Duration::from_secs(120),
             || match self.installer_pods(None) {
                 Some(0) => Ok(()),
@@ -219,11 +225,7 @@ impl LocalCluster {
             .env("HELM_DATA_HOME", state.join("data"))
             .output()
             .map_err(|e| format!("cannot run helm (scripts/cluster.sh build makes it): {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
+        stdout_or_stderr(out)
     }
 
     pub fn helm(&self, args: &[&str]) -> String {

@@ -91,11 +91,7 @@ impl LocalCluster {
             .kubectl_cmd(args)
             .output()
             .map_err(|e| format!("cannot run kubectl: {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
+        stdout_or_stderr(out)
     }
 
     pub fn kubectl(&self, args: &[&str]) -> String {
@@ -444,6 +440,15 @@ pub fn parse_ip_o_addr(out: &str) -> BTreeSet<IpAddr> {
 
 fn read_manifest(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// A finished command's stdout, or its stderr as the error.
+fn stdout_or_stderr(out: std::process::Output) -> Result<String, String> {
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
 }
 
 #[cfg(test)]

@@ -456,14 +456,7 @@ fn the_helm_chart_installs_upgrades_and_reinstalls_keeping_every_address() {
         "--wait",
         "--timeout=120s",
     ]);
-    c.wait(
-        "no sticky-macvlan installer pod left after helm uninstall",
-        Duration::from_secs(120),
-        || match c.installer_pods(None) {
-            Some(0) => Ok(()),
-            n => Err(format!("{n:?} pods")),
-        },
-    );
+    c.wait_installer_pods_gone("helm uninstall");
     assert!(
         c.try_kubectl(&["-n", "kube-system", "get", "daemonset", "sticky-macvlan"])
             .is_err(),
