@@ -14,7 +14,7 @@ use crate::kube::KubeApi;
 use crate::liveness::{Inspector, NodeFacts};
 use crate::probe_policy::StoreScope;
 use crate::store::file::FileStore;
-use crate::store::ipclaim::{local_dir, KubeStore};
+use crate::store::ipclaim::{local_dir, KubeStore, LocalRecord};
 use crate::store::{ClaimStore, Listing, Plan, StoreError, StoreResult};
 use crate::system::LocalInspector;
 
@@ -107,8 +107,14 @@ impl Backend {
     ) -> StoreResult<Store<'_>> {
         match self {
             Backend::File { dir, .. } => FileStore::open(dir, network).map(Store::File),
-            Backend::Kube { .. } => {
-                let local = self.open_local(network)?;
+            Backend::Kube { local, .. } => {
+                let local = local.as_deref().map(|dir| LocalRecord::new(dir, network));
+                // Opened once now, so a record that cannot be used fails
+                // the command here, saying why, rather than each use
+                // quietly doing without it.
+                if let Some(record) = &local {
+                    drop(record.open()?);
+                }
                 let client = self.client()?;
                 Ok(Store::Kube(Box::new(KubeStore::new(
                     client,
@@ -187,9 +193,9 @@ impl<'a> Store<'a> {
     }
 
     /// What is left of the node-local record once the API gave up.
-    pub fn into_local(self) -> Option<FileStore> {
+    pub fn into_local(self) -> StoreResult<Option<FileStore>> {
         match self {
-            Store::File(_) => None,
+            Store::File(_) => Ok(None),
             Store::Kube(s) => s.into_local(),
         }
     }

@@ -428,7 +428,7 @@ impl StickyIpam {
         }) {
             Err(PlanError::Store(StoreError::Unreachable(why))) if self.backend.is_kube() => {
                 let why = api_unreachable(&why);
-                let local = store.into_local();
+                let local = store.into_local()?;
                 drop(inspector);
                 self.add_degraded(local, req, &why)
             }

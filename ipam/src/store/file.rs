@@ -118,7 +118,11 @@ impl FileStore {
             .custom_flags(libc::O_NOFOLLOW)
             .open(&lock_path)
             .map_err(|e| io_err("open lock file", &lock_path, e))?;
-        lock_exclusive(&lock, &lock_path, network)?;
+        lock_exclusive(
+            &lock,
+            &lock_path,
+            &format!("the claim store of network {network:?}"),
+        )?;
         Ok(FileStore {
             root,
             _lock: lock,
@@ -383,12 +387,12 @@ fn try_lock(lock: &File, path: &Path) -> StoreResult<bool> {
     Err(io_err("lock", path, err))
 }
 
-/// Takes the network's lock, waiting at most `LOCK_WAIT`. Uncontended, it
-/// is one non-blocking flock. Contended, a helper thread blocks in flock
+/// Takes the lock of `what` (a network's store, one of its addresses),
+/// waiting at most `LOCK_WAIT`. Uncontended, it is one non-blocking flock. Contended, a helper thread blocks in flock
 /// on a duplicate of the descriptor (the lock belongs to the shared open
 /// file, so it is ours once taken), and the kernel wakes waiters in turn:
 /// polling with sleeps made 100 parallel ADDs queue up behind the sleeps.
-fn lock_exclusive(lock: &File, path: &Path, network: &str) -> StoreResult<()> {
+pub(super) fn lock_exclusive(lock: &File, path: &Path, what: &str) -> StoreResult<()> {
     if try_lock(lock, path)? {
         return Ok(());
     }
@@ -399,6 +403,9 @@ fn lock_exclusive(lock: &File, path: &Path, network: &str) -> StoreResult<()> {
         let rc = unsafe { libc::flock(waiter.as_raw_fd(), libc::LOCK_EX) };
         let err = std::io::Error::last_os_error();
         if rc == 0 || err.kind() != ErrorKind::Interrupted {
+            // Closed before the answer: the lock stays with the store's
+            // descriptor, and the store's drop alone releases it.
+            drop(waiter);
             let _ = tx.send(if rc == 0 { Ok(()) } else { Err(err) });
             return;
         }
@@ -409,7 +416,7 @@ fn lock_exclusive(lock: &File, path: &Path, network: &str) -> StoreResult<()> {
         // The helper stays blocked; the lock it may still take dies with
         // this short-lived process.
         Err(_) => Err(StoreError::Busy(format!(
-            "the claim store of network {network:?} ({}) has been locked by another process for {} s: retry; if it persists, look for a hung sticky-ipam process",
+            "{what} ({}) has been locked by another process for {} s: retry; if it persists, look for a hung sticky-ipam process",
             path.display(),
             LOCK_WAIT.as_secs()
         ))),

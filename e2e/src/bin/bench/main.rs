@@ -47,7 +47,15 @@ pub struct Options {
     pub scale: Vec<u32>,
     pub out: PathBuf,
     pub markdown: Option<PathBuf>,
+    /// `--only a,b`: just these sections (names in `SECTIONS`), into
+    /// `out` alone: a partial run never rewrites BENCHMARKS.md.
+    pub only: Option<Vec<String>>,
 }
+
+/// The sections in the order a full run takes them.
+pub const SECTIONS: &[&str] = &[
+    "cycles", "parallel", "requests", "churn", "scale", "memory", "probe", "profile",
+];
 
 impl Options {
     fn parse() -> Options {
@@ -61,9 +69,22 @@ impl Options {
         };
         if let Some(bad) = args.iter().find(|a| {
             a.starts_with("--")
-                && !["--quick", "--runs", "--out", "--markdown"].contains(&a.as_str())
+                && !["--quick", "--runs", "--out", "--markdown", "--only"].contains(&a.as_str())
         }) {
-            eprintln!("bench: unknown option {bad}; usage: bench [--quick] [--runs N] [--out DIR] [--markdown FILE]");
+            eprintln!("bench: unknown option {bad}; usage: bench [--quick] [--runs N] [--out DIR] [--markdown FILE] [--only SECTION,...]");
+            std::process::exit(2);
+        }
+        let only: Option<Vec<String>> =
+            value("--only").map(|v| v.split(',').map(str::to_string).collect());
+        if let Some(bad) = only
+            .iter()
+            .flatten()
+            .find(|s| !SECTIONS.contains(&s.as_str()))
+        {
+            eprintln!(
+                "bench: no section {bad:?}; the sections are {}",
+                SECTIONS.join(", ")
+            );
             std::process::exit(2);
         }
         let runs = value("--runs")
@@ -89,7 +110,8 @@ impl Options {
             }),
             markdown: value("--markdown")
                 .map(PathBuf::from)
-                .or_else(|| (!quick).then(|| PathBuf::from("BENCHMARKS.md"))),
+                .or_else(|| (!quick && only.is_none()).then(|| PathBuf::from("BENCHMARKS.md"))),
+            only,
         }
     }
 }
@@ -281,11 +303,19 @@ fn main() {
         ]
         .map(String::from),
     );
-    let cycles = cycles::add_del_cycles(&mut suite, &mut topo);
-    cycles::floor(&mut suite, &mut topo, &cycles);
-    node::parallel(&mut suite, &mut topo, &api);
-    api::requests(&mut suite, &mut topo, &api);
-    {
+    let only = suite.opts.only.clone();
+    let runs = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|s| s == name));
+    if runs("cycles") {
+        let cycles = cycles::add_del_cycles(&mut suite, &mut topo);
+        cycles::floor(&mut suite, &mut topo, &cycles);
+    }
+    if runs("parallel") {
+        node::parallel(&mut suite, &mut topo, &api);
+    }
+    if runs("requests") {
+        api::requests(&mut suite, &mut topo, &api);
+    }
+    if runs("churn") {
         let mut standin_topo = Topology::new(3);
         let standin = standin_topo.start_standin();
         for i in 1..=3 {
@@ -293,10 +323,18 @@ fn main() {
         }
         api::churn_section(&mut suite, &mut standin_topo, &standin);
     }
-    scale::scale(&mut suite, &mut topo, &api);
-    node::memory(&mut suite, &topo);
-    node::probe_cost(&mut suite, &mut topo);
-    profile::profile(&mut suite, &mut topo);
+    if runs("scale") {
+        scale::scale(&mut suite, &mut topo, &api);
+    }
+    if runs("memory") {
+        node::memory(&mut suite, &topo);
+    }
+    if runs("probe") {
+        node::probe_cost(&mut suite, &mut topo);
+    }
+    if runs("profile") {
+        profile::profile(&mut suite, &mut topo);
+    }
 
     let command = "sudo scripts/bench.sh";
     let results = suite.report.json(&machine, command);

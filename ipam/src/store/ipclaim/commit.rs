@@ -393,10 +393,7 @@ impl KubeStore<'_> {
             .collect();
         let unconfirmed: Vec<IpAddr> = self.from_cache.difference(&touched).copied().collect();
         for ip in unconfirmed {
-            let Some(local) = self.local.as_mut() else {
-                continue;
-            };
-            let Ok(Some(cached)) = local.claim(ip) else {
+            let Some(cached) = self.read_local(|l| l.claim(ip)) else {
                 continue;
             };
             let want = self.versions.get(&ip).cloned();

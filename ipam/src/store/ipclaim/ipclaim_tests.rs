@@ -95,7 +95,7 @@ impl Node {
 
 /// The store of the node whose directory is DIR.
 fn store_in<'a>(dir: &std::path::Path, api: &'a FakeApi) -> KubeStore<'a> {
-    let local = FileStore::open(dir, "macnet").unwrap();
+    let local = LocalRecord::new(dir, "macnet");
     KubeStore::new(
         api,
         "macnet",
@@ -381,6 +381,8 @@ impl Drop for Node {
 
 #[path = "ipclaim_commit_tests.rs"]
 mod commit;
+#[path = "ipclaim_node_tests.rs"]
+mod node_local;
 #[path = "ipclaim_orphans_tests.rs"]
 mod orphans;
 #[path = "ipclaim_reclaim_tests.rs"]

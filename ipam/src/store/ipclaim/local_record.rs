@@ -2,8 +2,43 @@
 //! claims for degraded mode and a cache of their objects' versions and
 //! lock UIDs (`api/<ip>`), written after each commit and read on a re-ADD
 //! or DEL of the same node.
+//!
+//! The record's flock is taken only around each read or write of it,
+//! never across an API round trip: one node's ADDs of a network used to
+//! take turns for the whole of each other's requests. What the lock held
+//! across the requests gave is kept by `inflight` (one writer per address
+//! on this node, candidates spread among concurrent ADDs).
+
+use std::path::Path;
 
 use super::*;
+
+/// Where one network's node-local record lives; each use opens it.
+#[derive(Debug, Clone)]
+pub struct LocalRecord {
+    dir: PathBuf,
+    network: String,
+}
+
+impl LocalRecord {
+    pub fn new(dir: &Path, network: &str) -> LocalRecord {
+        LocalRecord {
+            dir: dir.to_path_buf(),
+            network: network.to_string(),
+        }
+    }
+
+    /// The record under its flock, until the value is dropped: keep it
+    /// only for file work, never while a request is out.
+    pub fn open(&self) -> StoreResult<FileStore> {
+        FileStore::open(&self.dir, &self.network)
+    }
+
+    /// The record's directory (`FileStore::root` of what `open` gives).
+    pub(super) fn root(&self) -> PathBuf {
+        self.dir.join(&self.network)
+    }
+}
 
 /// What the node-local cache keeps of a claim's objects.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,7 +77,23 @@ impl KubeStore<'_> {
     }
 
     pub(super) fn note_path(&self, ip: IpAddr) -> Option<PathBuf> {
-        self.local.as_ref().map(|local| note_path(local, ip))
+        self.local
+            .as_ref()
+            .map(|local| note_path_in(&local.root(), ip))
+    }
+
+    /// `read` on the node-local record, under its flock for just that
+    /// long. The record only saves requests and serves degraded mode: one
+    /// that cannot be opened or read answers as if empty.
+    pub(super) fn read_local<T: Default>(
+        &self,
+        read: impl FnOnce(&mut FileStore) -> StoreResult<T>,
+    ) -> T {
+        self.local
+            .as_ref()
+            .and_then(|local| local.open().ok())
+            .and_then(|mut open| read(&mut open).ok())
+            .unwrap_or_default()
     }
 
     pub(super) fn note(&self, ip: IpAddr) -> Option<ApiNote> {
@@ -68,6 +119,40 @@ impl KubeStore<'_> {
                 self.network
             ));
         }
+    }
+
+    /// This node's other commits of the plan's addresses wait until this
+    /// one has mirrored what the API took, so the record ends as the API
+    /// ends.
+    pub(super) fn hold(&self, plan: &Plan) -> StoreResult<Option<Holds>> {
+        let Some(local) = self.local.as_ref() else {
+            return Ok(None);
+        };
+        let ips: BTreeSet<IpAddr> = plan
+            .changes
+            .iter()
+            .flat_map(|c| [c.before.as_ref(), c.after.as_ref()])
+            .flatten()
+            .map(|c| c.ip)
+            .collect();
+        Holds::take(&local.root(), &self.network, &ips).map(Some)
+    }
+
+    /// Whether another ADD on this node is trying `ip` now (reserving it
+    /// for this one if not). A record that cannot be read reserves
+    /// nothing: the lock create still decides.
+    pub(super) fn reserved_by_another(&mut self, ip: IpAddr) -> bool {
+        let Some(local) = self.local.as_ref() else {
+            return false;
+        };
+        let Some(reservations) = self.reservations.as_mut() else {
+            return false;
+        };
+        // The record's flock makes the look and the reservation one step.
+        let Ok(_open) = local.open() else {
+            return false;
+        };
+        reservations.taken_by_another(ip).unwrap_or(false)
     }
 
     /// Local claims that the cache can vouch for: their versions become
@@ -100,13 +185,28 @@ impl KubeStore<'_> {
     /// Sets the node-local record's claims on these addresses (None:
     /// none); best effort, the API is the truth.
     pub(super) fn record_locally(
-        &mut self,
+        &self,
         targets: &[(IpAddr, Option<Claim>)],
         cursors: &[(usize, IpAddr)],
     ) {
-        let Some(local) = self.local.as_mut() else {
+        let Some(record) = self.local.as_ref() else {
             return;
         };
+        match record.open() {
+            Ok(mut local) => self.write_local(&mut local, targets, cursors),
+            Err(e) => cni::log::warn(&format!(
+                "node-local record of network {:?} not updated: {e}",
+                self.network
+            )),
+        }
+    }
+
+    fn write_local(
+        &self,
+        local: &mut FileStore,
+        targets: &[(IpAddr, Option<Claim>)],
+        cursors: &[(usize, IpAddr)],
+    ) {
         let mut changes = Vec::new();
         for (ip, after) in targets {
             match local.claim(*ip) {
@@ -143,8 +243,18 @@ impl KubeStore<'_> {
     /// release (it asks the API by name, there being no cache entry).
     pub(super) fn record_intent(&mut self, plan: &Plan) {
         self.prior.clear();
-        let Some(local) = self.local.as_mut() else {
+        let Some(record) = self.local.as_ref() else {
             return;
+        };
+        let mut local = match record.open() {
+            Ok(local) => local,
+            Err(e) => {
+                cni::log::warn(&format!(
+                    "node-local record of network {:?} not updated: {e}",
+                    self.network
+                ));
+                return;
+            }
         };
         let mut targets = Vec::new();
         let mut kept = BTreeSet::new();
@@ -165,7 +275,7 @@ impl KubeStore<'_> {
             self.set_note(*ip, None);
         }
         if !targets.is_empty() {
-            self.record_locally(&targets, &[]);
+            self.write_local(&mut local, &targets, &[]);
         }
     }
 
@@ -209,9 +319,9 @@ impl KubeStore<'_> {
 /// (it has a cache entry), not an intent recorded before an ADD the API
 /// may never have seen: degraded mode serves only confirmed ones.
 pub fn confirmed_locally(local: &FileStore, ip: IpAddr) -> bool {
-    note_path(local, ip).is_file()
+    note_path_in(local.root(), ip).is_file()
 }
 
-pub(super) fn note_path(local: &FileStore, ip: IpAddr) -> PathBuf {
-    local.root().join("api").join(claim_file_name(ip))
+fn note_path_in(root: &Path, ip: IpAddr) -> PathBuf {
+    root.join("api").join(claim_file_name(ip))
 }

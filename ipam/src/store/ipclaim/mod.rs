@@ -54,10 +54,13 @@ use crate::kube::{
 };
 
 mod commit;
+mod inflight;
 mod local_record;
 mod orphans;
 
-pub use local_record::confirmed_locally;
+pub use inflight::RESERVATION_TTL;
+use inflight::{Holds, Reservations};
+pub use local_record::{confirmed_locally, LocalRecord};
 use orphans::orphan_claim;
 pub use orphans::{LockSweep, ORPHAN_LOCK_GRACE_SECS};
 
@@ -86,7 +89,9 @@ pub struct KubeStore<'a> {
     /// The network's locked addresses, loaded after a collision.
     taken: Option<BTreeSet<IpAddr>>,
     /// Node-local record and next-fit cursors (no API request).
-    local: Option<FileStore>,
+    local: Option<LocalRecord>,
+    /// The next-fit candidates this ADD tries, kept from this node's others.
+    reservations: Option<Reservations>,
     /// What the node-local record said before this commit's intent.
     prior: Vec<(IpAddr, Option<Claim>)>,
     /// Where next-fit starts on this node before it has a cursor, so
@@ -102,7 +107,7 @@ impl<'a> KubeStore<'a> {
     pub fn new(
         api: &'a dyn KubeApi,
         network: &str,
-        local: Option<FileStore>,
+        local: Option<LocalRecord>,
         first_cursors: Vec<Option<IpAddr>>,
     ) -> KubeStore<'a> {
         let mut families: Vec<Family> = first_cursors
@@ -127,6 +132,7 @@ impl<'a> KubeStore<'a> {
             collided: false,
             pool: None,
             taken: None,
+            reservations: local.as_ref().map(|l| Reservations::new(&l.root())),
             local,
             prior: Vec::new(),
             first_cursors,
@@ -134,8 +140,9 @@ impl<'a> KubeStore<'a> {
         }
     }
 
-    pub fn into_local(self) -> Option<FileStore> {
-        self.local
+    /// The node-local record, opened, for degraded mode once the API gave up.
+    pub fn into_local(self) -> StoreResult<Option<FileStore>> {
+        self.local.as_ref().map(LocalRecord::open).transpose()
     }
 }
 
@@ -168,12 +175,15 @@ impl ClaimStore for KubeStore<'_> {
         }
     }
 
+    /// What was loaded after a collision, else the node's other ADDs'
+    /// reservations: the lock create is the check.
     fn candidate_taken(&mut self, ip: IpAddr) -> StoreResult<bool> {
-        Ok(match (&self.taken, &self.pool) {
+        let known = match (&self.taken, &self.pool) {
             (Some(taken), _) => taken.contains(&ip),
             (None, Some(pool)) => pool.contains_key(&ip),
             (None, None) => false,
-        })
+        };
+        Ok(known || self.reserved_by_another(ip))
     }
 
     /// From the node-local cache first; families it does not vouch for are
@@ -189,10 +199,7 @@ impl ClaimStore for KubeStore<'_> {
         }
         let mut found = Vec::new();
         if self.trust_cache {
-            let local = match self.local.as_mut() {
-                Some(local) => local.claims_of_identity(identity).unwrap_or_default(),
-                None => Vec::new(),
-            };
+            let local = self.read_local(|l| l.claims_of_identity(identity));
             found = self.cached(local).0;
             if is_attachment_scoped(identity) {
                 return Ok(found);
@@ -221,7 +228,7 @@ impl ClaimStore for KubeStore<'_> {
                 .cloned()
                 .collect());
         }
-        let Some(local) = self.local.as_mut() else {
+        if self.local.is_none() {
             let objs = self
                 .api
                 .list_claims(&holder_selector(&self.network, container_id, ifname))
@@ -231,10 +238,8 @@ impl ClaimStore for KubeStore<'_> {
                 .filter_map(|o| self.remember(o))
                 .filter(|c| c.held_by(container_id, ifname))
                 .collect());
-        };
-        let hinted = local
-            .claims_of_holder(container_id, ifname)
-            .unwrap_or_default();
+        }
+        let hinted = self.read_local(|l| l.claims_of_holder(container_id, ifname));
         let (mut held, unknown) = if self.trust_cache {
             self.cached(hinted)
         } else {
@@ -307,14 +312,12 @@ impl ClaimStore for KubeStore<'_> {
     }
 
     fn cursor(&mut self, set: usize) -> StoreResult<Option<IpAddr>> {
-        let local = match self.local.as_mut() {
-            Some(local) => local.cursor(set).unwrap_or(None),
-            None => None,
-        };
+        let local = self.read_local(|l| l.cursor(set));
         Ok(local.or_else(|| self.first_cursors.get(set).copied().flatten()))
     }
 
     fn commit(&mut self, plan: &Plan) -> StoreResult<()> {
+        let _holds = self.hold(plan)?;
         self.writer = Self::grants(plan).into_iter().find_map(|c| c.holder);
         self.confirm_untouched(plan)?;
         self.record_intent(plan);
