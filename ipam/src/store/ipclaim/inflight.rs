@@ -25,6 +25,7 @@ use std::time::Duration;
 use super::super::file::{claim_file_name, lock_exclusive};
 use super::super::fsio::{io_err, make_dir, read_file, remove_file, write_atomic};
 use super::super::StoreResult;
+use crate::addr::to_u128;
 use crate::claim::now_secs;
 
 /// A reservation older than this is from a process that should have
@@ -163,6 +164,21 @@ impl Reservation {
     }
 }
 
+/// Which of two next-fit positions is farther along the walk that
+/// started after `base` (None: from the start): the cursor a commit
+/// leaves. ADDs that ran at once finish in any order, and one that
+/// finished last must not move the cursor back onto addresses the others
+/// just took (the next ADD would collide on each).
+pub fn farther_along(base: Option<IpAddr>, a: IpAddr, b: IpAddr) -> IpAddr {
+    let start = base.map_or(0, |ip| to_u128(ip).wrapping_add(1));
+    let gone = |ip: IpAddr| to_u128(ip).wrapping_sub(start);
+    if gone(b) > gone(a) {
+        b
+    } else {
+        a
+    }
+}
+
 /// Whether a process with this pid exists in our pid namespace. One in
 /// another namespace looks gone: its reservation is ignored, which costs a
 /// lock collision, never a duplicate.
@@ -191,6 +207,57 @@ mod tests {
         ];
         for (what, now, alive, want) in cases {
             assert_eq!(r.counts(now, |_| alive), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_cursor_left_is_the_one_farthest_along_the_walk() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let cases = [
+            (
+                "both after the base",
+                Some("10.0.0.10"),
+                "10.0.0.12",
+                "10.0.0.11",
+                "10.0.0.12",
+            ),
+            (
+                "the other order",
+                Some("10.0.0.10"),
+                "10.0.0.11",
+                "10.0.0.12",
+                "10.0.0.12",
+            ),
+            (
+                "one wrapped round",
+                Some("10.0.0.18"),
+                "10.0.0.19",
+                "10.0.0.10",
+                "10.0.0.10",
+            ),
+            (
+                "both wrapped",
+                Some("10.0.0.18"),
+                "10.0.0.11",
+                "10.0.0.10",
+                "10.0.0.11",
+            ),
+            ("no base yet", None, "10.0.0.3", "10.0.0.9", "10.0.0.9"),
+            (
+                "the same",
+                Some("10.0.0.1"),
+                "10.0.0.5",
+                "10.0.0.5",
+                "10.0.0.5",
+            ),
+            ("v6", Some("fd00::ff"), "fd00::1", "fd00::100", "fd00::1"),
+        ];
+        for (what, base, a, b, want) in cases {
+            assert_eq!(
+                farther_along(base.map(ip), ip(a), ip(b)),
+                ip(want),
+                "{what}"
+            );
         }
     }
 

@@ -69,12 +69,17 @@ fn two_adds_on_one_node_planned_at_once_try_different_addresses() {
     });
     assert_eq!(calls.len(), 4, "two creates each, no collision: {calls:?}");
     locks_match(&api);
-    // Once both are done their reservations are gone: the next ADD
-    // starts after the cursor, not after a stale reservation.
     drop((store_a, store_b));
     let inflight = n1.dir.join("macnet/inflight");
     let left = std::fs::read_dir(&inflight).map_or(0, |d| d.count());
     assert_eq!(left, 0, "reservations left in {}", inflight.display());
+    // The one that finished last did not move the cursor back onto the
+    // other's address: the next ADD's first candidate is free.
+    running(&api, "c", "n1");
+    let rc = req(&dynamic_key("c-c", "net1"), false, "c", "n1");
+    let (got_c, calls) = counted(&api, || add(&api, Some(&n1), &rc).unwrap());
+    assert_eq!(calls.len(), 2, "a collision after the burst: {calls:?}");
+    assert!(![got_a[0].ip, got_b[0].ip].contains(&got_c[0]));
 }
 
 #[test]

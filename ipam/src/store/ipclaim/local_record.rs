@@ -225,10 +225,19 @@ impl KubeStore<'_> {
                 }
             }
         }
-        let plan = Plan {
-            changes,
-            cursors: cursors.to_vec(),
-        };
+        // Another ADD that started from the same cursor may have moved it
+        // farther while this one's requests were out.
+        let cursors = cursors
+            .iter()
+            .map(|&(set, ours)| {
+                let base = self.cursors_read.get(&set).copied().flatten();
+                match local.cursor(set) {
+                    Ok(Some(now)) if Some(now) != base => (set, farther_along(base, ours, now)),
+                    _ => (set, ours),
+                }
+            })
+            .collect();
+        let plan = Plan { changes, cursors };
         if let Err(e) = local.commit(&plan) {
             cni::log::warn(&format!(
                 "node-local record of network {:?} not updated: {e}",

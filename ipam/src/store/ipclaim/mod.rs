@@ -59,7 +59,7 @@ mod local_record;
 mod orphans;
 
 pub use inflight::RESERVATION_TTL;
-use inflight::{Holds, Reservations};
+use inflight::{farther_along, Holds, Reservations};
 pub use local_record::{confirmed_locally, LocalRecord};
 use orphans::orphan_claim;
 pub use orphans::{LockSweep, ORPHAN_LOCK_GRACE_SECS};
@@ -92,6 +92,8 @@ pub struct KubeStore<'a> {
     local: Option<LocalRecord>,
     /// The next-fit candidates this ADD tries, kept from this node's others.
     reservations: Option<Reservations>,
+    /// Where each set's next-fit started, as `cursor` answered.
+    cursors_read: BTreeMap<usize, Option<IpAddr>>,
     /// What the node-local record said before this commit's intent.
     prior: Vec<(IpAddr, Option<Claim>)>,
     /// Where next-fit starts on this node before it has a cursor, so
@@ -133,6 +135,7 @@ impl<'a> KubeStore<'a> {
             pool: None,
             taken: None,
             reservations: local.as_ref().map(|l| Reservations::new(&l.root())),
+            cursors_read: BTreeMap::new(),
             local,
             prior: Vec::new(),
             first_cursors,
@@ -313,7 +316,9 @@ impl ClaimStore for KubeStore<'_> {
 
     fn cursor(&mut self, set: usize) -> StoreResult<Option<IpAddr>> {
         let local = self.read_local(|l| l.cursor(set));
-        Ok(local.or_else(|| self.first_cursors.get(set).copied().flatten()))
+        let start = local.or_else(|| self.first_cursors.get(set).copied().flatten());
+        self.cursors_read.insert(set, start);
+        Ok(start)
     }
 
     fn commit(&mut self, plan: &Plan) -> StoreResult<()> {
