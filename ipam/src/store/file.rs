@@ -108,19 +108,8 @@ impl FileStore {
         for sub in [CLAIMS, IDENTITIES, HOLDERS] {
             make_dir(&root.join(sub))?;
         }
-        let lock_path = root.join("lock");
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&lock_path)
-            .map_err(|e| io_err("open lock file", &lock_path, e))?;
-        lock_exclusive(
-            &lock,
-            &lock_path,
+        let lock = lock_file(
+            &root.join("lock"),
             &format!("the claim store of network {network:?}"),
         )?;
         Ok(FileStore {
@@ -387,12 +376,29 @@ fn try_lock(lock: &File, path: &Path) -> StoreResult<bool> {
     Err(io_err("lock", path, err))
 }
 
+/// Opens (creating, never through a symlink) the lock file at `path` and
+/// takes its flock, held until the file is closed: `what` names what it
+/// guards in the error an operator sees.
+pub(super) fn lock_file(path: &Path, what: &str) -> StoreResult<File> {
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| io_err("open lock file", path, e))?;
+    lock_exclusive(&lock, path, what)?;
+    Ok(lock)
+}
+
 /// Takes the lock of `what` (a network's store, one of its addresses),
 /// waiting at most `LOCK_WAIT`. Uncontended, it is one non-blocking flock. Contended, a helper thread blocks in flock
 /// on a duplicate of the descriptor (the lock belongs to the shared open
 /// file, so it is ours once taken), and the kernel wakes waiters in turn:
 /// polling with sleeps made 100 parallel ADDs queue up behind the sleeps.
-pub(super) fn lock_exclusive(lock: &File, path: &Path, what: &str) -> StoreResult<()> {
+fn lock_exclusive(lock: &File, path: &Path, what: &str) -> StoreResult<()> {
     if try_lock(lock, path)? {
         return Ok(());
     }

@@ -15,15 +15,14 @@
 //! Both are files under the record (`holds/<ip>`, `inflight/<ip>`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::net::IpAddr;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::super::file::{claim_file_name, lock_exclusive};
-use super::super::fsio::{io_err, make_dir, read_file, remove_file, write_atomic};
+use super::super::file::{claim_file_name, lock_file};
+use super::super::fsio::{make_dir, read_file, remove_file, write_atomic};
 use super::super::StoreResult;
 use crate::addr::to_u128;
 use crate::claim::now_secs;
@@ -47,22 +46,10 @@ impl Holds {
         }
         let mut held = Vec::with_capacity(ips.len());
         for ip in ips {
-            let path = dir.join(claim_file_name(*ip));
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&path)
-                .map_err(|e| io_err("open hold file", &path, e))?;
-            lock_exclusive(
-                &file,
-                &path,
+            held.push(lock_file(
+                &dir.join(claim_file_name(*ip)),
                 &format!("address {ip} of network {network:?} on this node"),
-            )?;
-            held.push(file);
+            )?);
         }
         Ok(Holds { _files: held })
     }
