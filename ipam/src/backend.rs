@@ -14,7 +14,7 @@ use crate::kube::KubeApi;
 use crate::liveness::{Inspector, NodeFacts};
 use crate::probe_policy::StoreScope;
 use crate::store::file::FileStore;
-use crate::store::ipclaim::{local_dir, KubeStore, LocalRecord};
+use crate::store::ipclaim::{local_dir, Holds, KubeStore, LocalRecord};
 use crate::store::{ClaimStore, Listing, Plan, StoreError, StoreResult};
 use crate::system::LocalInspector;
 
@@ -89,13 +89,32 @@ impl Backend {
     }
 
     /// The node-local record of the kubernetes store for `network`.
-    pub fn open_local(&self, network: &str) -> StoreResult<Option<FileStore>> {
+    pub fn local_record(&self, network: &str) -> Option<LocalRecord> {
         match self {
             Backend::Kube {
                 local: Some(dir), ..
-            } => FileStore::open(dir, network).map(Some),
-            _ => Ok(None),
+            } => Some(LocalRecord::new(dir, network)),
+            _ => None,
         }
+    }
+
+    /// The node-local record of the kubernetes store for `network`, open.
+    pub fn open_local(&self, network: &str) -> StoreResult<Option<FileStore>> {
+        self.local_record(network).map(|r| r.open()).transpose()
+    }
+
+    /// One attachment's hold for a whole command on the kubernetes store
+    /// (`LocalRecord::hold_attachment`); the file store's lock, held for
+    /// the whole command, already orders them.
+    pub fn hold_attachment(
+        &self,
+        network: &str,
+        container_id: &str,
+        ifname: &str,
+    ) -> StoreResult<Option<Holds>> {
+        self.local_record(network)
+            .map(|r| r.hold_attachment(container_id, ifname))
+            .transpose()
     }
 
     /// `network`'s store. `first_cursors`: where next-fit starts on this
@@ -107,8 +126,8 @@ impl Backend {
     ) -> StoreResult<Store<'_>> {
         match self {
             Backend::File { dir, .. } => FileStore::open(dir, network).map(Store::File),
-            Backend::Kube { local, .. } => {
-                let local = local.as_deref().map(|dir| LocalRecord::new(dir, network));
+            Backend::Kube { .. } => {
+                let local = self.local_record(network);
                 // Opened once now, so a record that cannot be used fails
                 // the command here, saying why, rather than each use
                 // quietly doing without it.
@@ -189,14 +208,6 @@ impl<'a> Store<'a> {
         match self {
             Store::File(s) => s,
             Store::Kube(s) => s.as_mut(),
-        }
-    }
-
-    /// What is left of the node-local record once the API gave up.
-    pub fn into_local(self) -> StoreResult<Option<FileStore>> {
-        match self {
-            Store::File(_) => Ok(None),
-            Store::Kube(s) => s.into_local(),
         }
     }
 

@@ -6,6 +6,7 @@ use super::*;
 impl StickyIpam {
     pub fn del(&mut self) -> CniResult<()> {
         let (cid, ifname) = (self.at.container_id.clone(), self.at.ifname.clone());
+        let _attachment = self.hold_attachment()?;
         let done = self.with_store(true, LEFT_FOR_LIVENESS, |s| {
             let plan = plan_del(s, &cid, &ifname, now_secs())?;
             Ok((plan, ()))
@@ -28,19 +29,13 @@ impl StickyIpam {
     /// The node-local record must not serve a released claim in degraded
     /// mode; best effort.
     pub(super) fn release_local(&self, cid: &str, ifname: &str) {
-        let outcome = self
-            .backend
-            .open_local(&self.conf.network)
-            .map_err(PlanError::from)
-            .and_then(|local| {
-                let Some(mut local) = local else {
-                    return Ok(());
-                };
-                local.set_durable(false);
-                let plan = plan_del(&mut local, cid, ifname, now_secs())?;
-                local.commit(&plan)?;
-                Ok(())
-            });
+        let Some(record) = self.backend.local_record(&self.conf.network) else {
+            return;
+        };
+        let outcome = record.commit_held(|local| -> PlanResult<(Plan, ())> {
+            local.set_durable(false);
+            Ok((plan_del(local, cid, ifname, now_secs())?, ()))
+        });
         if let Err(e) = outcome {
             cni::log::warn(&format!("node-local record not updated: {e}"));
         }
@@ -48,6 +43,7 @@ impl StickyIpam {
 
     pub fn check(&mut self) -> CniResult<()> {
         let (cid, ifname) = (self.at.container_id.clone(), self.at.ifname.clone());
+        let _attachment = self.hold_attachment()?;
         let held = match self.with_store(false, LEFT_FOR_LIVENESS, |s| {
             let held = s.claims_of_holder(&cid, &ifname)?;
             Ok((Plan::default(), held))

@@ -23,8 +23,7 @@ use crate::kube::{ApiError, KubeApi};
 use crate::liveness::{Caller, NodeFacts};
 use crate::pod::PodFacts;
 use crate::probe_policy::{needs_wire_check, Origin};
-use crate::store::file::FileStore;
-use crate::store::ipclaim::{confirmed_locally, node_offset};
+use crate::store::ipclaim::{confirmed_locally, node_offset, Holds};
 use crate::store::retry::with_retries;
 use crate::store::{api_unreachable, ClaimStore, Plan, PlanError, PlanResult, StoreError};
 use crate::system::{netns_id, node_facts};
@@ -301,6 +300,7 @@ impl StickyIpam {
             pod,
         } = prepared;
         self.caller = Some(req.holder.clone());
+        let _attachment = self.hold_attachment()?;
         let (plan, grants) = match self.add_planned(&req, unreachable, pod) {
             Ok(done) => done,
             Err(e) => {
@@ -413,7 +413,7 @@ impl StickyIpam {
     ) -> CniResult<(Plan, Vec<Grant>)> {
         if let Some(why) = unreachable {
             let why = api_unreachable(&why);
-            return self.add_degraded(self.backend.open_local(&self.conf.network)?, req, &why);
+            return self.add_degraded(req, &why);
         }
         let first = self.first_cursors();
         let mut store = self.backend.open(&self.conf.network, first)?;
@@ -428,9 +428,8 @@ impl StickyIpam {
         }) {
             Err(PlanError::Store(StoreError::Unreachable(why))) if self.backend.is_kube() => {
                 let why = api_unreachable(&why);
-                let local = store.into_local()?;
-                drop(inspector);
-                self.add_degraded(local, req, &why)
+                drop((store, inspector));
+                self.add_degraded(req, &why)
             }
             other => other.map_err(CniError::from),
         }
@@ -439,13 +438,8 @@ impl StickyIpam {
     /// The API does not answer: `plan_degraded` on the node-local record;
     /// nothing is written to the API (ARCHITECTURE.md, "Never allocate
     /// blindly").
-    fn add_degraded(
-        &self,
-        local: Option<FileStore>,
-        req: &AddRequest,
-        why: &str,
-    ) -> CniResult<(Plan, Vec<Grant>)> {
-        let Some(mut local) = local else {
+    fn add_degraded(&self, req: &AddRequest, why: &str) -> CniResult<(Plan, Vec<Grant>)> {
+        let Some(record) = self.backend.local_record(&self.conf.network) else {
             return Err(CniError::new(
                 cni::code::TRY_AGAIN_LATER,
                 format!(
@@ -454,11 +448,14 @@ impl StickyIpam {
                 ),
             ));
         };
-        let mut listing = local.list()?;
-        // Only what the API confirmed, never an ADD's recorded intent.
-        listing.claims.retain(|c| confirmed_locally(&local, c.ip));
-        let (plan, grants) = plan_degraded(&self.conf, &listing.claims, req, &self.node.node, why)?;
-        local.commit(&plan)?;
+        // Held like a commit through the API, so a DEL of the pod's old
+        // sandbox that the API took is mirrored before this reads it.
+        let (_, grants) = record.commit_held(|local| {
+            let mut listing = local.list()?;
+            // Only what the API confirmed, never an ADD's recorded intent.
+            listing.claims.retain(|c| confirmed_locally(local, c.ip));
+            plan_degraded(&self.conf, &listing.claims, req, &self.node.node, why)
+        })?;
         cni::log::warn(&format!(
             "network {:?}: degraded mode, re-ADD of pod UID {} served from the node-local record; the API is not updated",
             self.conf.network,
@@ -476,11 +473,22 @@ impl StickyIpam {
         if done.is_empty() {
             return Ok(());
         }
+        let _attachment = self.hold_attachment()?;
         self.with_store(true, LEFT_FOR_LIVENESS, |s| {
             let undo = plan_undo(s, &done)?;
             Ok((undo, ()))
         })
         .map(drop)
+    }
+
+    /// This attachment's hold on the kubernetes store's node-local record,
+    /// for the whole command (`LocalRecord::hold_attachment`).
+    pub(super) fn hold_attachment(&self) -> CniResult<Option<Holds>> {
+        Ok(self.backend.hold_attachment(
+            &self.conf.network,
+            &self.at.container_id,
+            &self.at.ifname,
+        )?)
     }
 
     /// Runs a release-like operation (`plan` then commit, retried) on the

@@ -66,7 +66,7 @@ struct HolderIndex {
     ips: Vec<IpAddr>,
 }
 
-fn hash_name(parts: &[&str]) -> String {
+pub(super) fn hash_name(parts: &[&str]) -> String {
     let mut h = Sha256::new();
     for (i, p) in parts.iter().enumerate() {
         if i > 0 {

@@ -52,6 +52,16 @@ impl Plan {
     pub fn is_empty(&self) -> bool {
         self.changes.is_empty() && self.cursors.is_empty()
     }
+
+    /// Every address a change of the plan names, before or after.
+    pub fn addresses(&self) -> std::collections::BTreeSet<IpAddr> {
+        self.changes
+            .iter()
+            .flat_map(|c| [c.before.as_ref(), c.after.as_ref()])
+            .flatten()
+            .map(|c| c.ip)
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -391,11 +391,14 @@ impl KubeStore<'_> {
             .iter()
             .filter_map(|c| c.before.as_ref().map(|b| b.ip))
             .collect();
-        let unconfirmed: Vec<IpAddr> = self.from_cache.difference(&touched).copied().collect();
-        for ip in unconfirmed {
-            let Some(cached) = self.read_local(|l| l.claim(ip)) else {
-                continue;
-            };
+        // As the plan read them, not as the record says now.
+        let unconfirmed: Vec<(IpAddr, Claim)> = self
+            .from_cache
+            .iter()
+            .filter(|(ip, _)| !touched.contains(ip))
+            .map(|(ip, c)| (*ip, c.clone()))
+            .collect();
+        for (ip, cached) in unconfirmed {
             let want = self.versions.get(&ip).cloned();
             let got = self
                 .api

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::super::file::{claim_file_name, lock_file};
+use super::super::file::{claim_file_name, hash_name, lock_file};
 use super::super::fsio::{make_dir, read_file, remove_file, write_atomic};
 use super::super::StoreResult;
 use crate::addr::to_u128;
@@ -52,6 +52,23 @@ impl Holds {
             )?);
         }
         Ok(Holds { _files: held })
+    }
+
+    /// The hold on one attachment of this node (`holds/attachment-<hash>`).
+    pub fn attachment(
+        root: &Path,
+        network: &str,
+        container_id: &str,
+        ifname: &str,
+    ) -> StoreResult<Holds> {
+        let dir = root.join("holds");
+        make_dir(&dir)?;
+        let name = format!("attachment-{}", hash_name(&[container_id, ifname]));
+        let file = lock_file(
+            &dir.join(name),
+            &format!("attachment {container_id}/{ifname} of network {network:?} on this node"),
+        )?;
+        Ok(Holds { _files: vec![file] })
     }
 }
 
@@ -289,6 +306,25 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
     }
 
+    /// FIRST is held; a second taker (`take` in another thread) must wait
+    /// until FIRST is dropped, then get its hold.
+    fn second_waits_for(first: Holds, take: impl FnOnce() -> StoreResult<Holds> + Send + 'static) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let _ = tx.send(take().map(|_| ()));
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "the second went ahead while the first held"
+        );
+        drop(first);
+        let got = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("handed over");
+        assert!(got.is_ok(), "{got:?}");
+        waiter.join().unwrap();
+    }
+
     #[test]
     fn a_hold_waits_for_the_writer_before_it() {
         let root = std::env::temp_dir().join(format!("sticky-holds-{}", std::process::id()));
@@ -298,22 +334,20 @@ mod tests {
             .map(|s| s.parse().unwrap())
             .collect();
         let first = Holds::take(&root, "net", &pair).unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (r, p) = (root.clone(), pair.clone());
-        let waiter = std::thread::spawn(move || {
-            let got = Holds::take(&r, "net", &p).map(|_| ());
-            let _ = tx.send(got);
-        });
-        assert!(
-            rx.recv_timeout(Duration::from_millis(200)).is_err(),
-            "a second writer of the same addresses went ahead"
-        );
-        drop(first);
-        let got = rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("handed over");
-        assert!(got.is_ok(), "{got:?}");
-        waiter.join().unwrap();
+        let r = root.clone();
+        second_waits_for(first, move || Holds::take(&r, "net", &pair));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn one_command_at_a_time_per_attachment_and_none_between_two() {
+        let root = std::env::temp_dir().join(format!("sticky-attach-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let add = Holds::attachment(&root, "net", "c1", "net1").unwrap();
+        // Another attachment of the node is not kept waiting.
+        drop(Holds::attachment(&root, "net", "c2", "net1").unwrap());
+        let r = root.clone();
+        second_waits_for(add, move || Holds::attachment(&r, "net", "c1", "net1"));
         let _ = std::fs::remove_dir_all(&root);
     }
 }

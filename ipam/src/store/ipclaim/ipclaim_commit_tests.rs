@@ -54,7 +54,8 @@ fn a_confirmation_that_times_out_keeps_the_node_local_cache_entry() {
     ));
     let e = store.commit(&plan).unwrap_err();
     assert!(matches!(e, StoreError::Unreachable(_)), "{e:?}");
-    let local = store.into_local().unwrap().unwrap();
+    drop(store);
+    let local = LocalRecord::new(&n1.dir, "macnet").open().unwrap();
     assert!(confirmed_locally(&local, ip), "the cache entry was dropped");
 }
 

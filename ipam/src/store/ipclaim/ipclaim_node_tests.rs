@@ -103,3 +103,32 @@ fn a_reservation_is_only_a_hint_the_lock_create_still_decides() {
     locks_match(&api);
     assert_eq!(per_identity(&api).len(), 2);
 }
+
+#[test]
+fn addresses_another_add_is_trying_do_not_make_the_pool_exhausted() {
+    // The only address is reserved by another ADD of the node, still in
+    // flight: this one plans again later, it is not told the pool is full.
+    let (api, n1) = (FakeApi::default(), Node::new());
+    running(&api, "a", "n1");
+    running(&api, "b", "n1");
+    let inspector = KubeInspector::new(&api, node("n1"));
+    let (mut store_a, mut store_b) = (n1.store(&api), n1.store(&api));
+    let ra = req(&dynamic_key("c-a", "net1"), false, "a", "n1");
+    let rb = req(&dynamic_key("c-b", "net1"), false, "b", "n1");
+    let (plan_a, _) = plan_add(&one_conf(), &mut store_a, &inspector, &ra).unwrap();
+    let e = plan_add(&one_conf(), &mut store_b, &inspector, &rb).unwrap_err();
+    assert!(
+        matches!(e, crate::store::PlanError::Store(StoreError::Conflict(_))),
+        "{e:?}"
+    );
+    store_a.commit(&plan_a).unwrap();
+    drop(store_a);
+    // Once that ADD is done, the pool is full for real, and says so.
+    store_b.conflicted().unwrap();
+    let e = crate::store::retry::with_retries(&mut store_b, "ADD", |s| {
+        plan_add(&one_conf(), s, &inspector, &rb)
+    })
+    .unwrap_err();
+    let e = CniError::from(e);
+    assert!(e.msg.contains("no free address"), "{e:?}");
+}

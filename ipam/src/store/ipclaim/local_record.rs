@@ -38,6 +38,44 @@ impl LocalRecord {
     pub(super) fn root(&self) -> PathBuf {
         self.dir.join(&self.network)
     }
+
+    /// Holds these addresses against this node's other writers of them.
+    /// Taken before the record's flock, never while it is held.
+    pub fn hold(&self, ips: &BTreeSet<IpAddr>) -> StoreResult<Holds> {
+        Holds::take(&self.root(), &self.network, ips)
+    }
+
+    /// Holds one attachment (`container_id`/`ifname`) against this node's
+    /// other commands on it, for a whole command: a DEL that finds nothing
+    /// while the same attachment's ADD is between its reads and its writes
+    /// would otherwise answer done and leave the ADD's claim behind.
+    /// Taken first, before any address hold.
+    pub fn hold_attachment(&self, container_id: &str, ifname: &str) -> StoreResult<Holds> {
+        Holds::attachment(&self.root(), &self.network, container_id, ifname)
+    }
+
+    /// Plans on the record alone (degraded mode, a DEL's mirror) and
+    /// commits, holding every address the plan writes, as a commit through
+    /// the API does: planned once to learn them, the holds taken with the
+    /// record closed, planned again and committed under them.
+    pub fn commit_held<T, E: From<StoreError>>(
+        &self,
+        mut plan: impl FnMut(&mut FileStore) -> Result<(Plan, T), E>,
+    ) -> Result<(Plan, T), E> {
+        let first = plan(&mut self.open()?)?.0.addresses();
+        let _holds = self.hold(&first)?;
+        let mut open = self.open()?;
+        let (planned, out) = plan(&mut open)?;
+        if !planned.addresses().is_subset(&first) {
+            return Err(StoreError::Conflict(format!(
+                "the node-local record of network {:?} changed while this command planned: try again",
+                self.network
+            ))
+            .into());
+        }
+        open.commit(&planned).map_err(E::from)?;
+        Ok((planned, out))
+    }
 }
 
 /// What the node-local cache keeps of a claim's objects.
@@ -83,22 +121,20 @@ impl KubeStore<'_> {
     }
 
     /// `read` on the node-local record, under its flock for just that
-    /// long. The record only saves requests and serves degraded mode: one
-    /// that cannot be opened or read answers as if empty.
+    /// long. A record that cannot be opened (locked by a hung process,
+    /// unwritable) fails the command, as it did when the record was opened
+    /// for its whole life: a DEL must not pass for done on a record it
+    /// could not read. One whose records cannot be read answers as if
+    /// empty: it only saves requests and serves degraded mode.
     pub(super) fn read_local<T: Default>(
         &self,
         read: impl FnOnce(&mut FileStore) -> StoreResult<T>,
-    ) -> T {
-        self.local
-            .as_ref()
-            .and_then(|local| local.open().ok())
-            .and_then(|mut open| read(&mut open).ok())
-            .unwrap_or_default()
-    }
-
-    pub(super) fn note(&self, ip: IpAddr) -> Option<ApiNote> {
-        let bytes = read_file(&self.note_path(ip)?).ok()??;
-        serde_json::from_slice(&bytes).ok()
+    ) -> StoreResult<T> {
+        let Some(local) = self.local.as_ref() else {
+            return Ok(T::default());
+        };
+        let mut open = local.open()?;
+        Ok(read(&mut open).unwrap_or_default())
     }
 
     /// Cache entries only save requests; one that cannot be written is a
@@ -128,14 +164,7 @@ impl KubeStore<'_> {
         let Some(local) = self.local.as_ref() else {
             return Ok(None);
         };
-        let ips: BTreeSet<IpAddr> = plan
-            .changes
-            .iter()
-            .flat_map(|c| [c.before.as_ref(), c.after.as_ref()])
-            .flatten()
-            .map(|c| c.ip)
-            .collect();
-        Holds::take(&local.root(), &self.network, &ips).map(Some)
+        local.hold(&plan.addresses()).map(Some)
     }
 
     /// Whether another ADD on this node is trying `ip` now (reserving it
@@ -152,22 +181,29 @@ impl KubeStore<'_> {
         let Ok(_open) = local.open() else {
             return false;
         };
-        reservations.taken_by_another(ip).unwrap_or(false)
+        let reserved = reservations.taken_by_another(ip).unwrap_or(false);
+        self.skipped_reserved |= reserved;
+        reserved
     }
 
-    /// Local claims that the cache can vouch for: their versions become
-    /// the writes' preconditions.
-    pub(super) fn cached(&mut self, claims: Vec<Claim>) -> (Vec<Claim>, Vec<Claim>) {
+    /// Local claims that the cache can vouch for (read with their notes
+    /// under one flock, by `noted`: a claim and a version from two
+    /// moments could pass a stale holder's write at the current version):
+    /// their versions become the writes' preconditions.
+    pub(super) fn cached(
+        &mut self,
+        claims: Vec<(Claim, Option<ApiNote>)>,
+    ) -> (Vec<Claim>, Vec<Claim>) {
         let mut vouched = Vec::new();
         let mut unknown = Vec::new();
-        for c in claims {
-            match self.note(c.ip) {
+        for (c, note) in claims {
+            match note {
                 Some(note) => {
                     self.versions.insert(c.ip, note.resource_version);
                     if let Some(uid) = note.lock_uid {
                         self.lock_uids.insert(c.ip, uid);
                     }
-                    self.from_cache.insert(c.ip);
+                    self.from_cache.insert(c.ip, c.clone());
                     vouched.push(c);
                 }
                 None => unknown.push(c),
@@ -189,15 +225,23 @@ impl KubeStore<'_> {
         targets: &[(IpAddr, Option<Claim>)],
         cursors: &[(usize, IpAddr)],
     ) {
-        let Some(record) = self.local.as_ref() else {
-            return;
-        };
-        match record.open() {
-            Ok(mut local) => self.write_local(&mut local, targets, cursors),
-            Err(e) => cni::log::warn(&format!(
-                "node-local record of network {:?} not updated: {e}",
-                self.network
-            )),
+        if let Some(mut local) = self.open_to_write() {
+            self.write_local(&mut local, targets, cursors);
+        }
+    }
+
+    /// The record, open for a best-effort write (the API is the truth);
+    /// None, said in the log, when it cannot be opened.
+    fn open_to_write(&self) -> Option<FileStore> {
+        match self.local.as_ref()?.open() {
+            Ok(local) => Some(local),
+            Err(e) => {
+                cni::log::warn(&format!(
+                    "node-local record of network {:?} not updated: {e}",
+                    self.network
+                ));
+                None
+            }
         }
     }
 
@@ -252,18 +296,8 @@ impl KubeStore<'_> {
     /// release (it asks the API by name, there being no cache entry).
     pub(super) fn record_intent(&mut self, plan: &Plan) {
         self.prior.clear();
-        let Some(record) = self.local.as_ref() else {
+        let Some(mut local) = self.open_to_write() else {
             return;
-        };
-        let mut local = match record.open() {
-            Ok(local) => local,
-            Err(e) => {
-                cni::log::warn(&format!(
-                    "node-local record of network {:?} not updated: {e}",
-                    self.network
-                ));
-                return;
-            }
         };
         let mut targets = Vec::new();
         let mut kept = BTreeSet::new();
@@ -311,7 +345,12 @@ impl KubeStore<'_> {
                 targets.push((ip, c.after.as_ref().filter(|a| a.ip == ip).cloned()));
             }
         }
-        self.record_locally(&targets, &plan.cursors);
+        // Claims and notes under one flock: a reader never pairs the
+        // new claim with the old version, or the reverse.
+        let Some(mut local) = self.open_to_write() else {
+            return;
+        };
+        self.write_local(&mut local, &targets, &plan.cursors);
         for (ip, after) in targets {
             let note = after
                 .and_then(|_| self.versions.get(&ip).cloned())
@@ -329,6 +368,21 @@ impl KubeStore<'_> {
 /// may never have seen: degraded mode serves only confirmed ones.
 pub fn confirmed_locally(local: &FileStore, ip: IpAddr) -> bool {
     note_path_in(local.root(), ip).is_file()
+}
+
+/// Each claim with its cache entry, read from the open record (so both
+/// are of one moment).
+pub(super) fn noted(local: &FileStore, claims: Vec<Claim>) -> Vec<(Claim, Option<ApiNote>)> {
+    claims
+        .into_iter()
+        .map(|c| {
+            let note = read_file(&note_path_in(local.root(), c.ip))
+                .ok()
+                .flatten()
+                .and_then(|bytes| serde_json::from_slice(&bytes).ok());
+            (c, note)
+        })
+        .collect()
 }
 
 fn note_path_in(root: &Path, ip: IpAddr) -> PathBuf {

@@ -58,8 +58,9 @@ mod inflight;
 mod local_record;
 mod orphans;
 
-pub use inflight::RESERVATION_TTL;
-use inflight::{farther_along, Holds, Reservations};
+use inflight::{farther_along, Reservations};
+pub use inflight::{Holds, RESERVATION_TTL};
+use local_record::noted;
 pub use local_record::{confirmed_locally, LocalRecord};
 use orphans::orphan_claim;
 pub use orphans::{LockSweep, ORPHAN_LOCK_GRACE_SECS};
@@ -78,8 +79,9 @@ pub struct KubeStore<'a> {
     locks_read: BTreeMap<IpAddr, LockObject>,
     /// Locks no claim names, by address.
     orphans: BTreeMap<IpAddr, LockObject>,
-    /// Claims answered from the node-local cache, not the API.
-    from_cache: BTreeSet<IpAddr>,
+    /// Claims answered from the node-local cache, not the API, as the
+    /// plan read them.
+    from_cache: BTreeMap<IpAddr, Claim>,
     /// Whether reads may come from the node-local cache: until a conflict.
     trust_cache: bool,
     /// Whether the last conflict was a lock create that found its address taken.
@@ -94,6 +96,8 @@ pub struct KubeStore<'a> {
     reservations: Option<Reservations>,
     /// Where each set's next-fit started, as `cursor` answered.
     cursors_read: BTreeMap<usize, Option<IpAddr>>,
+    /// Whether this plan's walk passed an address another ADD reserved.
+    skipped_reserved: bool,
     /// What the node-local record said before this commit's intent.
     prior: Vec<(IpAddr, Option<Claim>)>,
     /// Where next-fit starts on this node before it has a cursor, so
@@ -129,23 +133,19 @@ impl<'a> KubeStore<'a> {
             lock_uids: BTreeMap::new(),
             locks_read: BTreeMap::new(),
             orphans: BTreeMap::new(),
-            from_cache: BTreeSet::new(),
+            from_cache: BTreeMap::new(),
             trust_cache: true,
             collided: false,
             pool: None,
             taken: None,
             reservations: local.as_ref().map(|l| Reservations::new(&l.root())),
             cursors_read: BTreeMap::new(),
+            skipped_reserved: false,
             local,
             prior: Vec::new(),
             first_cursors,
             writer: None,
         }
-    }
-
-    /// The node-local record, opened, for degraded mode once the API gave up.
-    pub fn into_local(self) -> StoreResult<Option<FileStore>> {
-        self.local.as_ref().map(LocalRecord::open).transpose()
     }
 }
 
@@ -179,14 +179,15 @@ impl ClaimStore for KubeStore<'_> {
     }
 
     /// What was loaded after a collision, else the node's other ADDs'
-    /// reservations: the lock create is the check.
+    /// reservations: the lock create is the check. Only the first walk
+    /// skips reservations: one made after a collision or on a listed pool
+    /// must find every address that is free.
     fn candidate_taken(&mut self, ip: IpAddr) -> StoreResult<bool> {
-        let known = match (&self.taken, &self.pool) {
+        Ok(match (&self.taken, &self.pool) {
             (Some(taken), _) => taken.contains(&ip),
             (None, Some(pool)) => pool.contains_key(&ip),
-            (None, None) => false,
-        };
-        Ok(known || self.reserved_by_another(ip))
+            (None, None) => self.reserved_by_another(ip),
+        })
     }
 
     /// From the node-local cache first; families it does not vouch for are
@@ -202,7 +203,7 @@ impl ClaimStore for KubeStore<'_> {
         }
         let mut found = Vec::new();
         if self.trust_cache {
-            let local = self.read_local(|l| l.claims_of_identity(identity));
+            let local = self.read_local(|l| l.claims_of_identity(identity).map(|c| noted(l, c)))?;
             found = self.cached(local).0;
             if is_attachment_scoped(identity) {
                 return Ok(found);
@@ -242,11 +243,14 @@ impl ClaimStore for KubeStore<'_> {
                 .filter(|c| c.held_by(container_id, ifname))
                 .collect());
         }
-        let hinted = self.read_local(|l| l.claims_of_holder(container_id, ifname));
+        let hinted = self.read_local(|l| {
+            l.claims_of_holder(container_id, ifname)
+                .map(|c| noted(l, c))
+        })?;
         let (mut held, unknown) = if self.trust_cache {
             self.cached(hinted)
         } else {
-            (Vec::new(), hinted)
+            (Vec::new(), hinted.into_iter().map(|(c, _)| c).collect())
         };
         for c in unknown {
             if let Some(now) = self.fetch(&c.identity, Family::of(c.ip))? {
@@ -259,6 +263,16 @@ impl ClaimStore for KubeStore<'_> {
     }
 
     fn list(&mut self) -> StoreResult<Listing> {
+        // Next-fit found nothing but passed addresses other ADDs of this
+        // node are trying: the pool is not full, and reclaiming (or
+        // refusing as exhausted) would be wrong. Planned again, after
+        // the retry's pause, those are taken or free.
+        if std::mem::take(&mut self.skipped_reserved) {
+            return Err(StoreError::Conflict(format!(
+                "every free address of network {:?} this ADD looked at is being tried by another ADD on this node: planning again",
+                self.network
+            )));
+        }
         let selector = network_selector(&self.network);
         let objs = self.api.list_claims(&selector).map_err(StoreError::from)?;
         let locks = self.api.list_locks(&selector).map_err(StoreError::from)?;
@@ -315,7 +329,7 @@ impl ClaimStore for KubeStore<'_> {
     }
 
     fn cursor(&mut self, set: usize) -> StoreResult<Option<IpAddr>> {
-        let local = self.read_local(|l| l.cursor(set));
+        let local = self.read_local(|l| l.cursor(set))?;
         let start = local.or_else(|| self.first_cursors.get(set).copied().flatten());
         self.cursors_read.insert(set, start);
         Ok(start)
