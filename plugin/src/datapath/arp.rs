@@ -5,7 +5,8 @@
 //! for the same address) means the old holder may be alive. After the
 //! address is up, gratuitous ARPs move peers' caches to the new MAC.
 //!
-//! Packets are built and judged by pure functions; `probe_here` and
+//! Packets are built and judged by pure functions; `conflict::probe_all_here`
+//! (the probe, for all of an ADD's addresses at once), `resolve_here` and
 //! `announce_here` do the socket work on the calling thread, which must be
 //! in the pod netns (the `NsWorker`).
 
@@ -18,7 +19,7 @@ use super::Mac;
 
 const ARP_REQUEST: u16 = 1;
 const ARP_REPLY: u16 = 2;
-const ETH_P_ARP: u16 = 0x0806;
+pub(super) const ETH_P_ARP: u16 = 0x0806;
 const ETH_P_IP: u16 = 0x0800;
 const BROADCAST: Mac = [0xff; 6];
 
@@ -155,32 +156,6 @@ impl ArpSocket {
         }
         Ok(None)
     }
-}
-
-/// Probes `ip` from the (up, address-less) interface `ifindex`; the MAC
-/// of whoever answers, or None after `spec.count` probes and one interval
-/// of silence.
-pub fn probe_here(
-    ifindex: u32,
-    ours: Mac,
-    ip: Ipv4Addr,
-    spec: ProbeSpec,
-) -> io::Result<Option<Mac>> {
-    if spec.count == 0 {
-        return Ok(None);
-    }
-    let sock = ArpSocket::open(ifindex)?;
-    let probe = ArpMessage::probe(ours, ip);
-    for _ in 0..spec.count {
-        sock.send(&probe)?;
-        let until = Instant::now() + spec.interval;
-        while let Some(msg) = sock.receive(until)? {
-            if let Some(mac) = conflicting_mac(&msg, ip) {
-                return Ok(Some(mac));
-            }
-        }
-    }
-    Ok(None)
 }
 
 /// Asks who has `target`, from `our_ip` at `ours`, up to `spec.count`
