@@ -15,6 +15,12 @@ pub(super) fn last_error(what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
+/// poll(2)'s timeout for `left`, rounded up: rounded down, the deadline
+/// would be met by a second, 1 ms poll that sleeps a whole timer tick.
+fn poll_ms(left: std::time::Duration) -> i32 {
+    i32::try_from(left.as_micros().div_ceil(1000).max(1)).unwrap_or(i32::MAX)
+}
+
 /// Waits until `fd` is readable (true) or `until` has passed (false).
 pub(super) fn readable_before(fd: &OwnedFd, until: Instant) -> io::Result<bool> {
     loop {
@@ -50,15 +56,16 @@ pub(super) struct PacketSocket {
 
 impl PacketSocket {
     /// A datagram packet socket for `protocol` bound to `ifindex`.
+    ///
+    /// Created for no protocol and given it by bind(2): a socket created
+    /// with one is hooked to every interface at once, and the bind that
+    /// narrows it to ours must then wait out an RCU grace period (8-30 ms
+    /// measured here, per socket); hooked first at bind, it costs none, and
+    /// it never sees another interface's frames.
     pub(super) fn open(ifindex: u32, protocol: u16) -> io::Result<PacketSocket> {
         // SAFETY: plain socket(2); the fd is owned right away.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-                i32::from(protocol.to_be()),
-            )
-        };
+        let raw =
+            unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
         if raw < 0 {
             return Err(last_error(&format!(
                 "open a packet socket for ethertype {protocol:#06x}"
@@ -218,7 +225,7 @@ pub(super) fn readable_any_before(fds: &[i32], until: Instant) -> io::Result<Vec
         if left.is_zero() || pfds.is_empty() {
             return Ok(vec![false; fds.len()]);
         }
-        let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
+        let ms = poll_ms(left);
         let n = libc::nfds_t::try_from(pfds.len()).unwrap_or(libc::nfds_t::MAX);
         // SAFETY: poll(2) on a slice of valid pollfds of the stated length.
         let rc = unsafe { libc::poll(pfds.as_mut_ptr(), n, ms) };
