@@ -13,19 +13,26 @@
 //! 8. The profile of one ADD in counts the machine's load cannot change:
 //!    callgrind instructions and strace system calls, ours and the
 //!    reference's.
+//! 9. The probe schedule from measurement: how often each candidate misses
+//!    a live holder behind a lossy, delayed link (a userspace relay: these
+//!    kernels have no netem), and what a silent probe costs. Alone:
+//!    `bench --section probe-schedule` (into `docs/bench/probe-schedule.md`).
 //!
 //! Output: tables on stdout, `results.json` and SVG plots in `--out`, and
 //! (full runs) `BENCHMARKS.md`. Times are measured, never asserted.
 //!
 //! Run: `sudo scripts/bench.sh` (builds the release binaries first), or
-//! `sudo target/release/bench [--quick] [--runs N] [--out DIR] [--markdown FILE]`.
+//! `sudo target/release/bench [--quick] [--runs N] [--out DIR] [--markdown FILE]
+//! [--section probe-schedule]`.
 //! The bench process enters node 1's netns, so plugins there are exec'd
 //! directly, with no `ip netns exec` in the figures.
 
 mod api;
 mod cycles;
 mod node;
+mod probe_schedule;
 mod profile;
+mod relay;
 mod scale;
 
 use std::path::{Path, PathBuf};
@@ -47,6 +54,8 @@ pub struct Options {
     pub scale: Vec<u32>,
     pub out: PathBuf,
     pub markdown: Option<PathBuf>,
+    /// Run this one section alone (its own topology and file).
+    pub section: Option<String>,
 }
 
 impl Options {
@@ -61,9 +70,9 @@ impl Options {
         };
         if let Some(bad) = args.iter().find(|a| {
             a.starts_with("--")
-                && !["--quick", "--runs", "--out", "--markdown"].contains(&a.as_str())
+                && !["--quick", "--runs", "--out", "--markdown", "--section"].contains(&a.as_str())
         }) {
-            eprintln!("bench: unknown option {bad}; usage: bench [--quick] [--runs N] [--out DIR] [--markdown FILE]");
+            eprintln!("bench: unknown option {bad}; usage: bench [--quick] [--runs N] [--out DIR] [--markdown FILE] [--section probe-schedule]");
             std::process::exit(2);
         }
         let runs = value("--runs")
@@ -90,6 +99,7 @@ impl Options {
             markdown: value("--markdown")
                 .map(PathBuf::from)
                 .or_else(|| (!quick).then(|| PathBuf::from("BENCHMARKS.md"))),
+            section: value("--section"),
         }
     }
 }
@@ -239,6 +249,42 @@ fn machine(topo: &Topology) -> Value {
     })
 }
 
+/// `--section probe-schedule`: section 9 alone, on its own topology, into
+/// `docs/bench/probe-schedule.md` (full runs) and the out dir's JSON; the
+/// other sections' figures and BENCHMARKS.md stay as they are.
+fn run_section(opts: &Options, section: &str) {
+    if section != "probe-schedule" {
+        eprintln!("bench: unknown section {section:?}; the one that runs alone is probe-schedule");
+        std::process::exit(2);
+    }
+    if let Err(e) = std::fs::create_dir_all(&opts.out) {
+        panic!("cannot create {}: {e}", opts.out.display());
+    }
+    let mut topo = Topology::new(0);
+    let machine = machine(&topo);
+    let mut report = Report::default();
+    probe_schedule::probe_schedule(opts, &mut topo, &mut report);
+    let command = "sudo target/release/bench --section probe-schedule";
+    let results = report.json(&machine, command);
+    report.write(
+        &opts.out,
+        "probe-schedule.json",
+        &serde_json::to_string_pretty(&results).unwrap_or_default(),
+    );
+    if !opts.quick {
+        let md = report.markdown(&machine, command, ".").replacen(
+            "# Benchmarks",
+            "# The probe schedule, measured (BENCHMARKS.md section 9)",
+            1,
+        );
+        let path = Path::new("docs/bench/probe-schedule.md");
+        if let Err(e) = std::fs::write(path, md) {
+            panic!("cannot write {}: {e}", path.display());
+        }
+        println!("wrote {}", path.display());
+    }
+}
+
 fn main() {
     let opts = Options::parse();
     sticky_e2e::require_root();
@@ -248,6 +294,10 @@ fn main() {
         default_hook(info);
         sticky_e2e::remove_run(std::process::id());
     }));
+    if let Some(section) = &opts.section {
+        run_section(&opts, section);
+        return;
+    }
     // Both panic with how to build them when missing.
     let ours = sticky_e2e::our_plugin();
     sticky_e2e::kube_api::standin_binary();
@@ -297,6 +347,7 @@ fn main() {
     node::memory(&mut suite, &topo);
     node::probe_cost(&mut suite, &mut topo);
     profile::profile(&mut suite, &mut topo);
+    probe_schedule::probe_schedule(&suite.opts, &mut topo, &mut suite.report);
 
     let command = "sudo scripts/bench.sh";
     let results = suite.report.json(&machine, command);
