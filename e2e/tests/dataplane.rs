@@ -12,32 +12,37 @@ fn add_on_first_node(topo: &Topology, conf: Value, pod: &Pod, cid: &str) -> CniR
 }
 
 /// A host on the fabric that nobody allocated (a misconfigured static IP)
+/// with `addr` on its interface (at once: no DAD of its own): its MAC.
+fn squat(topo: &mut Topology, addr: &str) -> String {
+    let squatter = topo.add_pod("squatter");
+    topo.uplink(&squatter.netns, "eth0");
+    ip(&[
+        "-n",
+        &squatter.netns,
+        "addr",
+        "add",
+        addr,
+        "dev",
+        "eth0",
+        "nodad",
+    ]);
+    let out = std::process::Command::new("ip")
+        .args(["-n", &squatter.netns, "-j", "link", "show", "eth0"])
+        .output()
+        .expect("ip link");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v[0]["address"].as_str().unwrap_or_default().to_string()
+}
+
+/// A host on the fabric that nobody allocated (a misconfigured static IP)
 /// answers for the first address of the range: with `probe.fresh`, ADD
 /// refuses it naming the host's MAC and leaves nothing; the claim is not
 /// kept either, so the next ADD is a clean retry.
 #[test]
 fn probing_fresh_allocations_catches_a_squatter() {
     let mut topo = Topology::new(1);
-    let squatter = topo.add_pod("squatter");
-    topo.uplink(&squatter.netns, "eth0");
     let squatted = format!("{SUBNET_PREFIX}.10");
-    ip(&[
-        "-n",
-        &squatter.netns,
-        "addr",
-        "add",
-        &format!("{squatted}/24"),
-        "dev",
-        "eth0",
-    ]);
-    let mac = {
-        let out = std::process::Command::new("ip")
-            .args(["-n", &squatter.netns, "-j", "link", "show", "eth0"])
-            .output()
-            .expect("ip link");
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        v[0]["address"].as_str().unwrap_or_default().to_string()
-    };
+    let mac = squat(&mut topo, &format!("{squatted}/24"));
     let store = topo.file("store");
     let mut conf = configs::sticky("uplink0", &store, json!({}));
     conf["probe"] = json!({"fresh": true});
@@ -106,4 +111,42 @@ fn gateway_check_covers_ipv6_gateways() {
     );
     assert_eq!(links_in(&bad.netns), ["lo"]);
     assert!(claims(&topo.file("s2"), "macnet").is_empty());
+}
+
+/// A dual-stack takeover (the old holder's netns is gone, so the store
+/// judges it dead) where another host still answers for the IPv6 address
+/// only: the one probe of both families hears DAD's answer and refuses,
+/// naming the IPv6 address and the host's MAC; the free IPv4 address does
+/// not let the ADD through, and nothing is left in the new pod.
+#[test]
+fn a_dual_stack_takeover_is_refused_when_only_its_ipv6_address_is_live() {
+    let mut topo = Topology::new(1);
+    let mut ipam = configs::host_local_dual_stack(&topo.file("store"));
+    ipam["type"] = json!("sticky-ipam");
+    let mut conf = configs::macvlan(configs::OUR_TYPE, "1.0.0", "uplink0", ipam);
+    conf["args"] = json!({"cni": {"identity": "peer-a"}});
+    let args = sticky_e2e::scenario::pod_args("default", "peer-a", "uid-1");
+    let old = topo.add_pod("old");
+    let first = sticky_e2e::scenario::call(&topo, 0, "ADD", &conf, "old", &old, &args);
+    let v6 = first
+        .addresses()
+        .into_iter()
+        .find(|a| a.contains(':'))
+        .expect("a dual-stack ADD has an IPv6 address");
+    let old_ns = old.netns.clone();
+    topo.delete_netns(&old_ns);
+    let mac = squat(&mut topo, &v6);
+    let new = topo.add_pod("new");
+    let args = sticky_e2e::scenario::pod_args("default", "peer-a", "uid-2");
+    let refused = sticky_e2e::scenario::call(&topo, 0, "ADD", &conf, "new", &new, &args);
+    let bare = v6.split('/').next().unwrap_or_default();
+    refused.expect_refused(
+        11,
+        &[
+            &format!("{bare} is still answered"),
+            &mac,
+            "duplicate address detection",
+        ],
+    );
+    assert_eq!(links_in(&new.netns), ["lo"]);
 }

@@ -138,7 +138,7 @@ fn a_taken_over_address_is_probed_refused_when_answered_and_announced_when_not()
     )
     .unwrap();
     let pos = |nl: &FakeNetlink, p: &str| nl.calls.iter().position(|c| c.starts_with(p));
-    let probe = pos(&free, "probe_address").expect("probed");
+    let probe = pos(&free, "probe_addresses").expect("probed");
     let addr = pos(&free, "add_address").expect("address added");
     let announce = pos(&free, "arp_announce").expect("announced");
     assert!(probe < addr && addr < announce, "{:?}", free.calls);
@@ -181,7 +181,7 @@ fn a_taken_over_address_is_probed_refused_when_answered_and_announced_when_not()
         Some(&mut ipam),
     )
     .unwrap();
-    assert!(pos(&off, "probe_address").is_none(), "{:?}", off.calls);
+    assert!(pos(&off, "probe_addresses").is_none(), "{:?}", off.calls);
     // probe.fresh: fresh allocations are probed too.
     let mut fresh = nl();
     add(
@@ -191,7 +191,7 @@ fn a_taken_over_address_is_probed_refused_when_answered_and_announced_when_not()
         Some(&mut FakeIpam::default()),
     )
     .unwrap();
-    assert!(pos(&fresh, "probe_address").is_some());
+    assert!(pos(&fresh, "probe_addresses").is_some());
 }
 
 #[test]
@@ -243,7 +243,7 @@ fn an_unproven_ipv6_address_is_probed_by_dad_and_refused_naming_the_mac() {
     )
     .unwrap();
     let pos = |p: &str| free.calls.iter().position(|c| c.starts_with(p));
-    assert!(pos("probe_address").unwrap() < pos("add_address").unwrap());
+    assert!(pos("probe_addresses").unwrap() < pos("add_address").unwrap());
 }
 
 #[test]
@@ -524,3 +524,7 @@ fn del_releases_the_ipam_first_then_the_link_and_reports_every_failure() {
     assert_eq!(ipam.dels, 1);
     assert!(e.msg.contains("net1"), "{}", e.msg);
 }
+
+/// The wire check of a dual-stack ADD (beside this file's one-family ones).
+#[path = "commands_probe_tests.rs"]
+mod probe;

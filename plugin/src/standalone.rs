@@ -69,7 +69,7 @@ mod tests {
         let mut nl = FakeNetlink::new().with_device(Ns::Pod, "net1", 1500);
         confirm_with(&mut nl, &env(), &probe, &[ip]).unwrap();
         assert!(
-            nl.calls.iter().any(|c| c.starts_with("probe_address")),
+            nl.calls.iter().any(|c| c.starts_with("probe_addresses")),
             "{:?}",
             nl.calls
         );

@@ -264,21 +264,26 @@ impl Netlink for FakeNetlink {
         Ok(())
     }
 
-    fn probe_address(
+    fn probe_addresses(
         &mut self,
         index: u32,
         _ours: Mac,
-        ip: std::net::IpAddr,
+        ips: &[std::net::IpAddr],
         spec: super::arp::ProbeSpec,
-    ) -> NlResult<Option<Mac>> {
+    ) -> NlResult<Option<(std::net::IpAddr, Mac)>> {
+        let list: Vec<String> = ips.iter().map(ToString::to_string).collect();
         self.maybe_fail(
-            "probe_address",
-            format!("probe_address {index} {ip} x{}", spec.count),
+            "probe_addresses",
+            format!("probe_addresses {index} {} x{}", list.join(","), spec.count),
         )?;
-        Ok(match ip {
-            std::net::IpAddr::V4(v4) => self.arp_owners.get(&v4).copied(),
-            std::net::IpAddr::V6(v6) => self.ndp_owners.get(&v6).copied(),
-        })
+        let heard: Vec<Option<Mac>> = ips
+            .iter()
+            .map(|ip| match ip {
+                std::net::IpAddr::V4(v4) => self.arp_owners.get(v4).copied(),
+                std::net::IpAddr::V6(v6) => self.ndp_owners.get(v6).copied(),
+            })
+            .collect();
+        Ok(super::conflict::first_conflict(ips, &heard))
     }
 
     fn arp_resolve(

@@ -2,6 +2,7 @@
 //! rtnetlink, a recording fake for tests, and the macvlan logic on top.
 
 pub mod arp;
+pub mod conflict;
 pub mod fake;
 pub mod macvlan;
 pub mod ndp;
@@ -211,17 +212,18 @@ pub trait Netlink {
     /// `key` is relative to /proc/sys, e.g. "net/ipv4/conf/net1/arp_notify".
     fn read_sysctl(&mut self, ns: Ns, key: &str) -> NlResult<Option<String>>;
     fn write_sysctl(&mut self, ns: Ns, key: &str, value: &str) -> NlResult<()>;
-    /// Asks the wire whether another host uses `ip`, from the up link
-    /// `index` in the pod netns that does not have it yet: an RFC 5227 ARP
-    /// probe for IPv4, RFC 4862 duplicate address detection for IPv6. The
-    /// MAC of a host using it, if one answers.
-    fn probe_address(
+    /// Asks the wire at once whether another host uses any of `ips`, from
+    /// the up link `index` in the pod netns that has none of them yet: an
+    /// RFC 5227 ARP probe for each IPv4 address, RFC 4862 duplicate
+    /// address detection for each IPv6 one, in the same rounds. The first
+    /// address (in the order given) a host answered for, with its MAC.
+    fn probe_addresses(
         &mut self,
         index: u32,
         ours: Mac,
-        ip: std::net::IpAddr,
+        ips: &[IpAddr],
         spec: arp::ProbeSpec,
-    ) -> NlResult<Option<Mac>>;
+    ) -> NlResult<Option<(IpAddr, Mac)>>;
     /// Resolves `target` by ARP from link `index` (address `our_ip`) in the
     /// pod netns: the MAC that answered, if any.
     fn arp_resolve(

@@ -5,8 +5,12 @@
 //! section 5.4: a solicitation from the unspecified address; any
 //! advertisement for the address, or another host's DAD solicitation for
 //! it, means it is in use). Packets are built and read by pure functions;
-//! `resolve_here` and `dad_probe_here` do the socket work on the calling
-//! thread, which must be in the pod netns (the `NsWorker`).
+//! `resolve_here` and `conflict::probe_all_here` (DAD, sent with the ARP
+//! probes of the same ADD) do the socket work on the calling thread, which
+//! must be in the pod netns (the `NsWorker`). A packet socket sees DAD's
+//! answer whatever the kernel's IPv6 state of the link, and tells us the
+//! sender; in all-multicast mode, advertisements to all-nodes and other
+//! hosts' probes reach it.
 
 use std::io;
 use std::net::Ipv6Addr;
@@ -14,7 +18,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Instant;
 
 use super::arp::ProbeSpec;
-use super::packet::{last_error, readable_before, PacketSocket};
+use super::packet::{last_error, readable_before};
 use super::Mac;
 
 const NEIGHBOUR_SOLICITATION: u8 = 135;
@@ -71,7 +75,7 @@ pub fn advertised(msg: &[u8], target: Ipv6Addr) -> Option<Option<Mac>> {
     Some(None)
 }
 
-const ETH_P_IPV6: u16 = 0x86dd;
+pub(super) const ETH_P_IPV6: u16 = 0x86dd;
 const IPPROTO_ICMPV6: u8 = 58;
 const IPV6_HEADER: usize = 40;
 
@@ -142,31 +146,6 @@ pub fn dad_conflict(packet: &[u8], target: Ipv6Addr, from: Mac) -> Option<Mac> {
         }
         _ => None,
     }
-}
-
-/// Runs DAD for `target` from the up interface `ifindex` (which does not
-/// have the address yet): `spec.count` solicitations `spec.interval`
-/// apart, listening after each. The MAC of a host using the address, or
-/// None. A packet socket sees the answer whatever the kernel's IPv6 state
-/// of the link, and tells us the sender; it joins every multicast group
-/// on the link while it is open, so advertisements to all-nodes and
-/// other hosts' probes reach it.
-pub fn dad_probe_here(ifindex: u32, target: Ipv6Addr, spec: ProbeSpec) -> io::Result<Option<Mac>> {
-    let sock = PacketSocket::open(ifindex, ETH_P_IPV6)?;
-    sock.receive_all_multicast()?;
-    let packet = dad_solicitation(target);
-    let group = multicast_mac(solicited_node(target));
-    for _ in 0..spec.count.max(1) {
-        sock.send(&packet, &group, "send a DAD neighbour solicitation")?;
-        let until = Instant::now() + spec.interval;
-        let mut buf = [0u8; 1500];
-        while let Some((len, sender)) = sock.receive(&mut buf, until)? {
-            if let Some(mac) = dad_conflict(&buf[..len], target, sender) {
-                return Ok(Some(mac));
-            }
-        }
-    }
-    Ok(None)
 }
 
 fn set_int(fd: &OwnedFd, level: i32, name: i32, value: i32, what: &str) -> io::Result<()> {

@@ -15,6 +15,12 @@ pub(super) fn last_error(what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
+/// poll(2)'s timeout for `left`, rounded up: rounded down, the deadline
+/// would be met by a second, 1 ms poll that sleeps a whole timer tick.
+fn poll_ms(left: std::time::Duration) -> i32 {
+    i32::try_from(left.as_micros().div_ceil(1000).max(1)).unwrap_or(i32::MAX)
+}
+
 /// Waits until `fd` is readable (true) or `until` has passed (false).
 pub(super) fn readable_before(fd: &OwnedFd, until: Instant) -> io::Result<bool> {
     loop {
@@ -50,15 +56,16 @@ pub(super) struct PacketSocket {
 
 impl PacketSocket {
     /// A datagram packet socket for `protocol` bound to `ifindex`.
+    ///
+    /// Created for no protocol and given it by bind(2): a socket created
+    /// with one is hooked to every interface at once, and the bind that
+    /// narrows it to ours must then wait out an RCU grace period (8-30 ms
+    /// measured here, per socket); hooked first at bind, it costs none, and
+    /// it never sees another interface's frames.
     pub(super) fn open(ifindex: u32, protocol: u16) -> io::Result<PacketSocket> {
         // SAFETY: plain socket(2); the fd is owned right away.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-                i32::from(protocol.to_be()),
-            )
-        };
+        let raw =
+            unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
         if raw < 0 {
             return Err(last_error(&format!(
                 "open a packet socket for ethertype {protocol:#06x}"
@@ -155,6 +162,17 @@ impl PacketSocket {
             if !readable_before(&self.fd, until)? {
                 return Ok(None);
             }
+            if let Some(frame) = self.try_receive(buf)? {
+                return Ok(Some(frame));
+            }
+        }
+    }
+
+    /// A frame from the wire already queued on the socket, without
+    /// waiting (our own outgoing frames are skipped): its length and
+    /// sender's MAC, or None when none is queued.
+    pub(super) fn try_receive(&self, buf: &mut [u8]) -> io::Result<Option<(usize, Mac)>> {
+        loop {
             // SAFETY: sockaddr_ll is plain old data; all-zero is valid.
             let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
             let mut from_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
@@ -171,13 +189,11 @@ impl PacketSocket {
             };
             if n < 0 {
                 let e = io::Error::last_os_error();
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) {
-                    continue;
+                match e.kind() {
+                    io::ErrorKind::WouldBlock => return Ok(None),
+                    io::ErrorKind::Interrupted => continue,
+                    _ => return Err(e),
                 }
-                return Err(e);
             }
             if from.sll_pkttype == libc::PACKET_OUTGOING {
                 continue;
@@ -186,5 +202,40 @@ impl PacketSocket {
             sender.copy_from_slice(&from.sll_addr[..6]);
             return Ok(Some((usize::try_from(n).unwrap_or(0), sender)));
         }
+    }
+
+    pub(super) fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Waits until one of `fds` is readable or `until` has passed: whether
+/// each is readable (all false at the deadline).
+pub(super) fn readable_any_before(fds: &[i32], until: Instant) -> io::Result<Vec<bool>> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|fd| libc::pollfd {
+            fd: *fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || pfds.is_empty() {
+            return Ok(vec![false; fds.len()]);
+        }
+        let ms = poll_ms(left);
+        let n = libc::nfds_t::try_from(pfds.len()).unwrap_or(libc::nfds_t::MAX);
+        // SAFETY: poll(2) on a slice of valid pollfds of the stated length.
+        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), n, ms) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(pfds.iter().map(|p| p.revents != 0).collect());
     }
 }

@@ -449,23 +449,21 @@ impl Netlink for RtnlClient {
         }
     }
 
-    fn probe_address(
+    fn probe_addresses(
         &mut self,
         index: u32,
         ours: Mac,
-        ip: std::net::IpAddr,
+        ips: &[IpAddr],
         spec: super::arp::ProbeSpec,
-    ) -> NlResult<Option<Mac>> {
-        match ip {
-            std::net::IpAddr::V4(v4) => {
-                let op = format!("ARP-probe {v4} in the pod netns");
-                self.on_pod_thread(&op, move || super::arp::probe_here(index, ours, v4, spec))
-            }
-            std::net::IpAddr::V6(v6) => {
-                let op = format!("run duplicate address detection for {v6} in the pod netns");
-                self.on_pod_thread(&op, move || super::ndp::dad_probe_here(index, v6, spec))
-            }
-        }
+    ) -> NlResult<Option<(IpAddr, Mac)>> {
+        let list: Vec<String> = ips.iter().map(ToString::to_string).collect();
+        let op = format!("probe {} on the wire in the pod netns", list.join(", "));
+        let ips = ips.to_vec();
+        self.on_pod_thread(&op, move || {
+            use super::conflict::{first_conflict, probe_all_here, Until};
+            let heard = probe_all_here(index, ours, &ips, spec, Until::FirstConflict)?;
+            Ok(first_conflict(&ips, &heard))
+        })
     }
 
     fn arp_resolve(

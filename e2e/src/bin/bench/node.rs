@@ -261,9 +261,14 @@ pub fn probe_cost(suite: &mut Suite, topo: &mut Topology) {
     } else {
         (suite.opts.runs / 3).max(5)
     };
+    let default = sticky_macvlan::datapath::arp::ProbeSpec::default();
     let mut table = Table::new(
         "probe",
-        format!("7. What the wire check adds on the file store, {n} ADDs each, ms: default probe (3 x 100 ms) against probe.riskDuplicateAddresses"),
+        format!(
+            "7. What the wire check adds on the file store, {n} ADDs each, ms: default probe ({} x {} ms) against probe.riskDuplicateAddresses",
+            default.count,
+            default.interval.as_millis()
+        ),
         &["ADD", "default probe", "probe off", "added"],
     );
     #[derive(Clone, Copy, PartialEq)]

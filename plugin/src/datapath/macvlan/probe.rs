@@ -39,10 +39,12 @@ pub fn sticky_mac(network: &str, ip: std::net::IpAddr) -> Mac {
 }
 
 /// Before addresses the store cannot prove free are bound: brings the
-/// link up without them and asks the wire for each (ARP probe, RFC 5227;
-/// duplicate address detection, RFC 4862). An answer from another MAC means
-/// a live host still uses the address, whatever the store concluded: code
-/// 11, and the caller undoes the ADD.
+/// link up without them and asks the wire for all of them at once (ARP
+/// probe, RFC 5227; duplicate address detection, RFC 4862), so a
+/// dual-stack ADD waits for one probe schedule, not one per family. An
+/// answer from another MAC means a live host still uses the address,
+/// whatever the store concluded: code 11 naming that address, and the
+/// caller undoes the ADD.
 pub fn probe_addresses(
     nl: &mut dyn Netlink,
     link: &CreatedLink,
@@ -56,34 +58,36 @@ pub fn probe_addresses(
         )));
     };
     nl.set_link_up(Ns::Pod, link.index).map_err(datapath)?;
-    for ip in ips {
-        let how = if ip.is_ipv4() {
-            "ARP probe"
-        } else {
-            "duplicate address detection"
-        };
-        match nl.probe_address(link.index, mac, *ip, spec) {
-            Ok(None) => {}
-            Ok(Some(other)) => {
-                return Err(CniError::new(
-                    code::TRY_AGAIN_LATER,
-                    format!(
-                        "{ip} is still answered on the wire by MAC {} ({how} from {:?}): a live host uses it (for example the identity's pod on another node, or a partitioned node whose pod was deleted), so the address was not bound and no claim changed; kubelet retries this ADD, which succeeds once that host is gone",
-                        format_mac(&other),
-                        link.name
-                    ),
-                )
-                .refused_as(Refusal::AnsweredOnWire))
-            }
-            Err(e) => {
-                return Err(CniError::datapath(format!(
-                    "cannot run the {how} for {ip} from {:?}: {e}",
-                    link.name
-                )))
-            }
-        }
+    match nl.probe_addresses(link.index, mac, ips, spec) {
+        Ok(None) => Ok(()),
+        Ok(Some((ip, other))) => Err(CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!(
+                "{ip} is still answered on the wire by MAC {} ({} from {:?}): a live host uses it (for example the identity's pod on another node, or a partitioned node whose pod was deleted), so the address was not bound and no claim changed; kubelet retries this ADD, which succeeds once that host is gone",
+                format_mac(&other),
+                how(ip),
+                link.name
+            ),
+        )
+        .refused_as(Refusal::AnsweredOnWire)),
+        Err(e) => Err(CniError::datapath(format!(
+            "cannot run the {} from {:?}: {e}",
+            ips.iter()
+                .map(|ip| format!("{} for {ip}", how(*ip)))
+                .collect::<Vec<_>>()
+                .join(" and the "),
+            link.name
+        ))),
     }
-    Ok(())
+}
+
+/// What the wire check for `ip` is called in messages.
+fn how(ip: IpAddr) -> &'static str {
+    if ip.is_ipv4() {
+        "ARP probe"
+    } else {
+        "duplicate address detection"
+    }
 }
 
 /// After probed addresses are bound: gratuitous ARPs, so peers move to the
