@@ -178,13 +178,14 @@ impl ClaimStore for KubeStore<'_> {
         }
     }
 
-    /// What was loaded after a collision, else the node's other ADDs'
-    /// reservations: the lock create is the check. Only the first walk
-    /// skips reservations: one made after a collision or on a listed pool
-    /// must find every address that is free.
+    /// What was loaded after a collision, and the node's other ADDs'
+    /// reservations: the lock create is the check. A walk on a listed
+    /// pool (reclaim, the CLI) skips no reservation: it must find every
+    /// address that is free; a walk that passed only reserved ones plans
+    /// again (`list`) rather than reclaim or call the pool full.
     fn candidate_taken(&mut self, ip: IpAddr) -> StoreResult<bool> {
         Ok(match (&self.taken, &self.pool) {
-            (Some(taken), _) => taken.contains(&ip),
+            (Some(taken), _) => taken.contains(&ip) || self.reserved_by_another(ip),
             (None, Some(pool)) => pool.contains_key(&ip),
             (None, None) => self.reserved_by_another(ip),
         })
