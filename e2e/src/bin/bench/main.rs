@@ -13,6 +13,8 @@
 //! 8. The profile of one ADD in counts the machine's load cannot change:
 //!    callgrind instructions and strace system calls, ours and the
 //!    reference's.
+//! 9. Many simulated nodes (50 and 200) against one real kube-apiserver:
+//!    an ADD storm and churn, ours and Whereabouts v0.9.2's side by side.
 //!
 //! Output: tables on stdout, `results.json` and SVG plots in `--out`, and
 //! (full runs) `BENCHMARKS.md`. Times are measured, never asserted.
@@ -24,6 +26,8 @@
 
 mod api;
 mod cycles;
+mod fleet;
+mod many;
 mod node;
 mod profile;
 mod scale;
@@ -45,6 +49,8 @@ pub struct Options {
     pub parallel_pods: usize,
     pub parallel_rounds: usize,
     pub scale: Vec<u32>,
+    /// Section 9's node counts.
+    pub many: Vec<usize>,
     pub out: PathBuf,
     pub markdown: Option<PathBuf>,
     /// `--only a,b`: just these sections (names in `SECTIONS`), into
@@ -54,7 +60,7 @@ pub struct Options {
 
 /// The sections in the order a full run takes them.
 pub const SECTIONS: &[&str] = &[
-    "cycles", "parallel", "requests", "churn", "scale", "memory", "probe", "profile",
+    "cycles", "parallel", "requests", "churn", "scale", "many", "memory", "probe", "profile",
 ];
 
 impl Options {
@@ -101,6 +107,7 @@ impl Options {
             } else {
                 vec![10, 1_000, 10_000, 60_000]
             },
+            many: if quick { vec![5, 20] } else { vec![50, 200] },
             out: value("--out").map(PathBuf::from).unwrap_or_else(|| {
                 PathBuf::from(if quick {
                     "target/bench-quick"
@@ -325,6 +332,11 @@ fn main() {
     }
     if runs("scale") {
         scale::scale(&mut suite, &mut topo, &api);
+    }
+    if runs("many") {
+        // Each storm on an API server of its own (the shared one may hold
+        // section 5's 60,000 claims).
+        many::many(&mut suite);
     }
     if runs("memory") {
         node::memory(&mut suite, &topo);
