@@ -10,10 +10,11 @@ use super::*;
 pub type BulkRequest = (&'static str, String, Value);
 
 impl ApiServer {
-    /// Runs these requests from 8 threads in the API's netns with the
-    /// harness's credentials, in order within each thread's share; every
-    /// one must succeed. The answers, in the requests' order.
-    pub fn bulk(&self, requests: Vec<BulkRequest>) -> Vec<Value> {
+    /// Runs these groups of requests (an object's create and its status)
+    /// from 8 threads in the API's netns with the harness's credentials,
+    /// each group in order in one thread; every request must succeed. The
+    /// answers, in the requests' order.
+    pub fn bulk(&self, requests: Vec<Vec<BulkRequest>>) -> Vec<Value> {
         use sticky_ipam::kube::client::KubeClient;
         const THREADS: usize = 8;
         assert!(self.is_real(), "bulk loads are for the real API server");
@@ -29,6 +30,7 @@ impl ApiServer {
                             KubeClient::from_kubeconfig(kubeconfig, Duration::from_secs(30))
                                 .unwrap_or_else(|e| panic!("bulk client: {e}"));
                         part.iter()
+                            .flatten()
                             .map(|(method, path, body)| {
                                 let content_type = if *method == "PATCH" {
                                     "application/merge-patch+json"

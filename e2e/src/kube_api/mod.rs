@@ -25,7 +25,7 @@ mod objects;
 mod start;
 
 pub use bulk::{whereabouts_module, BulkRequest};
-pub use start::{cluster_binary, standin_binary};
+pub use start::{cluster_binary, cluster_cni_plugin, standin_binary};
 
 pub const API_ADDR: &str = "192.168.254.1";
 pub const API_PORT: u16 = 6443;

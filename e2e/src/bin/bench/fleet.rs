@@ -38,7 +38,7 @@ pub struct Fleet {
 /// Binds `file` over the boot id in a new mount namespace; the holder
 /// (`tail --pid`) ends with the bench process even if it aborts.
 fn hold_boot_id(file: &Path) -> Child {
-    let script = r#"mount --bind "$0" /proc/sys/kernel/random/boot_id && echo ready && exec tail -f --pid="$1" /dev/null"#;
+    let script = r#"mount --bind "$0" /proc/sys/kernel/random/boot_id && echo ready && exec tail -f --pid="$1" /dev/null >/dev/null"#;
     let mut child = Command::new("unshare")
         .args([
             "--mount",
