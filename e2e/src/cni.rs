@@ -27,6 +27,12 @@ pub struct CniCall {
     pub wrapper: Vec<String>,
     /// Further variables, e.g. `STICKY_FAULT` for a crash point.
     pub extra_env: Vec<(String, String)>,
+    /// Namespaces the plugin is started in, entered after the fork: a
+    /// node's netns, a simulated node's mount namespace (its boot id).
+    pub namespaces: Vec<(PathBuf, libc::c_int)>,
+    /// SIGALRM after this many seconds (0: none), which ends a plugin
+    /// that hangs: the kernel keeps the alarm across exec.
+    pub alarm_secs: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -132,7 +138,23 @@ impl CniCall {
             rss_file: None,
             wrapper: vec![],
             extra_env: vec![],
+            namespaces: vec![],
+            alarm_secs: 0,
         }
+    }
+
+    /// Starts the plugin in the namespace the file `ns` names (a
+    /// `/proc/PID/ns/mnt` or `/var/run/netns/NAME`) of this `kind`
+    /// (`CLONE_NEWNS`, `CLONE_NEWNET`), entered in the child before exec.
+    pub fn enter(mut self, ns: &Path, kind: libc::c_int) -> Self {
+        self.namespaces.push((ns.to_path_buf(), kind));
+        self
+    }
+
+    /// Ends the plugin with SIGALRM after `secs` seconds.
+    pub fn alarm(mut self, secs: u32) -> Self {
+        self.alarm_secs = secs;
+        self
     }
 
     pub fn env(mut self, key: &str, value: &str) -> Self {
@@ -239,9 +261,44 @@ impl CniCall {
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        // Opened here, held until the child runs: only their numbers cross
+        // the fork.
+        let files: Vec<(std::fs::File, libc::c_int)> = self
+            .namespaces
+            .iter()
+            .map(|(path, kind)| {
+                let f = std::fs::File::open(path)
+                    .unwrap_or_else(|e| panic!("open namespace {}: {e}", path.display()));
+                (f, *kind)
+            })
+            .collect();
+        if !files.is_empty() || self.alarm_secs > 0 {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            let fds: Vec<(libc::c_int, libc::c_int)> =
+                files.iter().map(|(f, k)| (f.as_raw_fd(), *k)).collect();
+            let alarm = self.alarm_secs;
+            // SAFETY: between fork and exec the closure calls only setns
+            // and alarm, both async-signal-safe, on fds the parent keeps
+            // open until spawn returns; it allocates nothing.
+            unsafe {
+                cmd.pre_exec(move || {
+                    for (fd, kind) in &fds {
+                        if libc::setns(*fd, *kind) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    if alarm > 0 {
+                        libc::alarm(alarm);
+                    }
+                    Ok(())
+                });
+            }
+        }
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.plugin.display()));
+        drop(files);
         if let Some(mut pipe) = child.stdin.take() {
             // A plugin may exit before reading (e.g. on a bad env); ignore EPIPE.
             let _ = pipe.write_all(stdin);

@@ -20,10 +20,12 @@ use serde_json::{json, Value};
 
 use crate::{ip, target_dir, Topology};
 
+mod bulk;
 mod objects;
 mod start;
 
-pub use start::{cluster_binary, standin_binary};
+pub use bulk::{whereabouts_module, BulkRequest};
+pub use start::{cluster_binary, cluster_cni_plugin, standin_binary};
 
 pub const API_ADDR: &str = "192.168.254.1";
 pub const API_PORT: u16 = 6443;
@@ -316,31 +318,21 @@ impl ApiServer {
     /// CPU time so far (user + system, ms) and resident memory (MiB) of
     /// kube-apiserver and of etcd; None on the stand-in.
     pub fn server_usage(&self) -> Option<[(f64, f64); 2]> {
-        let ServerKind::Real {
-            etcd, apiserver, ..
-        } = &self.backend
-        else {
-            return None;
-        };
-        let usage = |pid: u32| -> (f64, f64) {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // Fields after the command name, which is in parentheses.
-            let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-            // utime and stime are fields 14 and 15, i.e. 11 and 12 after ')'.
-            // SAFETY: sysconf has no preconditions.
-            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-            let cpu_ms = (ticks(11) + ticks(12)) * 1e3 / hz.max(1.0);
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            let rss_kib = status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-                .unwrap_or(0.0);
-            (cpu_ms, rss_kib / 1024.0)
-        };
-        Some([usage(apiserver.id()), usage(etcd.id())])
+        let pids = self.server_pids()?;
+        Some(pids.map(|pid| {
+            let u = process_usage(pid);
+            (u.cpu_ms, u.rss_mib)
+        }))
+    }
+
+    /// The real server's processes: kube-apiserver, etcd.
+    pub fn server_pids(&self) -> Option<[u32; 2]> {
+        match &self.backend {
+            ServerKind::Real {
+                etcd, apiserver, ..
+            } => Some([apiserver.id(), etcd.id()]),
+            _ => None,
+        }
     }
 
     /// Request counts by "verb resource" from the plugins (not the
@@ -358,6 +350,30 @@ impl ApiServer {
             }
             _ => self.request("GET", "/standin/stats", None).1,
         }
+    }
+
+    /// The plugins' requests since `reset_stats` by "verb resource code"
+    /// (the answer's HTTP status), from the real server's audit log: how
+    /// many of them were answered 409, and where.
+    pub fn answers(&self) -> std::collections::BTreeMap<String, u64> {
+        let ServerKind::Real {
+            audit_log,
+            counted_from,
+            ..
+        } = &self.backend
+        else {
+            return Default::default();
+        };
+        let log = std::fs::read(audit_log).unwrap_or_default();
+        let from = (counted_from.get() as usize).min(log.len());
+        let mut counts = std::collections::BTreeMap::new();
+        for event in plugin_events(&log[from..]) {
+            let code = event["responseStatus"]["code"].as_u64().unwrap_or(0);
+            *counts
+                .entry(format!("{} {code}", verb_resource(&event)))
+                .or_default() += 1;
+        }
+        counts
     }
 
     pub fn reset_stats(&self) {
@@ -439,20 +455,67 @@ impl Drop for ApiServer {
     }
 }
 
-/// "verb resource" counts of an audit log's ResponseComplete events (the
-/// policy records only the plugins' user).
+/// What /proc says of a process: CPU time so far, resident memory now and
+/// its peak since start or since `reset_peak`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessUsage {
+    /// user + system, ms
+    pub cpu_ms: f64,
+    pub rss_mib: f64,
+    pub peak_rss_mib: f64,
+}
+
+pub fn process_usage(pid: u32) -> ProcessUsage {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15, i.e. 11 and 12 after ')'.
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    ProcessUsage {
+        cpu_ms: (ticks(11) + ticks(12)) * 1e3 / hz.max(1.0),
+        rss_mib: kib("VmRSS:") / 1024.0,
+        peak_rss_mib: kib("VmHWM:") / 1024.0,
+    }
+}
+
+/// Starts a process's peak resident set (VmHWM) again from its current
+/// one (`clear_refs` 5, Linux 4.0+).
+pub fn reset_peak(pid: u32) {
+    let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+}
+
+/// The plugins' ResponseComplete events of an audit log (the policy
+/// records only the plugins' user).
+fn plugin_events(log: &[u8]) -> impl Iterator<Item = Value> + '_ {
+    log.split(|b| *b == b'\n').filter_map(|line| {
+        let event: Value = serde_json::from_slice(line).ok()?;
+        (event["stage"] == "ResponseComplete" && event["user"]["username"] == PLUGIN_USER)
+            .then_some(event)
+    })
+}
+
+fn verb_resource(event: &Value) -> String {
+    let verb = event["verb"].as_str().unwrap_or("?");
+    let resource = event["objectRef"]["resource"].as_str().unwrap_or("?");
+    format!("{verb} {resource}")
+}
+
+/// "verb resource" counts of an audit log's plugin requests.
 fn audit_counts(log: &[u8]) -> std::collections::BTreeMap<String, u64> {
     let mut counts = std::collections::BTreeMap::new();
-    for line in String::from_utf8_lossy(log).lines() {
-        let Ok(event) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        if event["stage"] != "ResponseComplete" || event["user"]["username"] != PLUGIN_USER {
-            continue;
-        }
-        let verb = event["verb"].as_str().unwrap_or("?");
-        let resource = event["objectRef"]["resource"].as_str().unwrap_or("?");
-        *counts.entry(format!("{verb} {resource}")).or_default() += 1;
+    for event in plugin_events(log) {
+        *counts.entry(verb_resource(&event)).or_default() += 1;
     }
     counts
 }

@@ -21,6 +21,17 @@ pub fn cluster_binary(name: &str) -> PathBuf {
     )
 }
 
+/// A CNI plugin of the local cluster's build (target/cluster/cni: the
+/// reference plugins 1.10.0 and Whereabouts).
+pub fn cluster_cni_plugin(name: &str) -> PathBuf {
+    crate::built(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../target/cluster/cni")
+            .join(name),
+        "bash scripts/cluster.sh build",
+    )
+}
+
 #[track_caller]
 pub(super) fn run(what: &str, cmd: &mut Command) {
     let out = cmd

@@ -17,6 +17,8 @@
 //!    a live holder behind a lossy, delayed link (a userspace relay: these
 //!    kernels have no netem), and what a silent probe costs. Alone:
 //!    `bench --only probe-schedule` (into `docs/bench/probe-schedule.md`).
+//! 10. Many simulated nodes (50 and 200) against one real kube-apiserver:
+//!     an ADD storm and churn, ours and Whereabouts v0.9.2's side by side.
 //!
 //! Output: tables on stdout, `results.json` and SVG plots in `--out`, and
 //! (full runs) `BENCHMARKS.md`. Times are measured, never asserted.
@@ -30,6 +32,8 @@
 
 mod api;
 mod cycles;
+mod fleet;
+mod many;
 mod node;
 mod probe_schedule;
 mod profile;
@@ -53,6 +57,8 @@ pub struct Options {
     pub parallel_pods: usize,
     pub parallel_rounds: usize,
     pub scale: Vec<u32>,
+    /// Section 9's node counts.
+    pub many: Vec<usize>,
     pub out: PathBuf,
     pub markdown: Option<PathBuf>,
     /// `--only a,b`: just these sections (names in `SECTIONS`), into
@@ -67,6 +73,7 @@ pub const SECTIONS: &[&str] = &[
     "requests",
     "churn",
     "scale",
+    "many",
     "memory",
     "probe",
     "profile",
@@ -117,6 +124,7 @@ impl Options {
             } else {
                 vec![10, 1_000, 10_000, 60_000]
             },
+            many: if quick { vec![5, 20] } else { vec![50, 200] },
             out: value("--out").map(PathBuf::from).unwrap_or_else(|| {
                 PathBuf::from(if quick {
                     "target/bench-quick"
@@ -390,6 +398,11 @@ fn main() {
     }
     if runs("scale") {
         scale::scale(&mut suite, &mut topo, &api);
+    }
+    if runs("many") {
+        // Each storm on an API server of its own (the shared one may hold
+        // section 5's 60,000 claims).
+        many::many(&mut suite);
     }
     if runs("memory") {
         node::memory(&mut suite, &topo);
