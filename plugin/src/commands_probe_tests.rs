@@ -37,40 +37,41 @@ fn a_dual_stack_add_probes_both_families_in_one_call_and_names_the_one_that_answ
             "{p:?}"
         );
     };
-    // Only the v6 address is live: refused, naming it and DAD.
+    // One address live: refused in one probe call, naming that address,
+    // the MAC that answered and how it was asked; nothing bound.
+    let refused = |live: &mut FakeNetlink, ip: &str, mac: &str, how: &str| {
+        let e = run(live).unwrap_err();
+        assert_eq!(
+            (e.code, e.refusal),
+            (
+                code::TRY_AGAIN_LATER,
+                Some(crate::cni::Refusal::AnsweredOnWire)
+            )
+        );
+        assert!(
+            e.msg.starts_with(&format!("{ip} is still answered"))
+                && e.msg.contains(&format!("{mac} ({how}")),
+            "{}",
+            e.msg
+        );
+        one_call(live);
+        assert!(!live.calls.iter().any(|c| c.starts_with("add_address")));
+    };
     let mut v6_live = nl();
     v6_live
         .ndp_owners
         .insert("fd00:59::5".parse().unwrap(), [2, 0, 0, 0, 0, 0x66]);
-    let e = run(&mut v6_live).unwrap_err();
-    assert_eq!(
-        (e.code, e.refusal),
-        (
-            code::TRY_AGAIN_LATER,
-            Some(crate::cni::Refusal::AnsweredOnWire)
-        )
+    refused(
+        &mut v6_live,
+        "fd00:59::5",
+        "02:00:00:00:00:66",
+        "duplicate address detection",
     );
-    assert!(
-        e.msg.starts_with("fd00:59::5 is still answered")
-            && e.msg
-                .contains("02:00:00:00:00:66 (duplicate address detection"),
-        "{}",
-        e.msg
-    );
-    one_call(&v6_live);
-    assert!(!v6_live.calls.iter().any(|c| c.starts_with("add_address")));
-    // Only the v4 address is live: refused, naming it and ARP.
     let mut v4_live = nl();
     v4_live
         .arp_owners
         .insert("10.0.0.5".parse().unwrap(), [2, 0, 0, 0, 0, 0x44]);
-    let e = run(&mut v4_live).unwrap_err();
-    assert!(
-        e.msg.starts_with("10.0.0.5 is still answered") && e.msg.contains("(ARP probe"),
-        "{}",
-        e.msg
-    );
-    one_call(&v4_live);
+    refused(&mut v4_live, "10.0.0.5", "02:00:00:00:00:44", "ARP probe");
     // Nobody answers: one probe, then both addresses bound.
     let mut free = nl();
     run(&mut free).unwrap();
