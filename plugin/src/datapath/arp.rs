@@ -33,21 +33,24 @@ pub struct ProbeSpec {
 }
 
 impl Default for ProbeSpec {
-    /// 7 probes 20 ms apart, listening 20 ms after the last: 140 ms for
+    /// 6 probes 20 ms apart, listening 20 ms after the last: 120 ms for
     /// all of an ADD's addresses at once, chosen from
     /// docs/bench/probe-schedule.md (bench section 9: a live holder behind
     /// a relay that drops each frame, each way, and delays it; at 5 % loss
-    /// and 0-2 ms, 0 misses in 42,240 trials per family). A holder is
+    /// and 0-2 ms, 0 misses in 42,240 trials per family, the same as 7
+    /// probes, and the 20 ms a seventh costs is what keeps a takeover's ADD
+    /// under 150 ms). A holder is
     /// missed when every round loses its probe or its answer, 1 - (1 - p)^2
     /// per round, so the count decides the miss rate and the spacing only
     /// needs to exceed the round trip: at 5 % loss 3 probes miss about 1 in
     /// 1,000 however far apart (RFC 5227's 1-2 s spacing buys nothing on a
-    /// LAN), 7 about 1 in 10^7 by that model, and 5 of the 7 are still
-    /// answered in time at a 40 ms round trip. A slower or lossier fabric
+    /// LAN), 6 about 1 in 10^6 by that model, and 4 of the 6 are still
+    /// answered in time at a 40 ms round trip (measured there: 6 misses in
+    /// 42,240, which is why such a fabric is told to raise the interval). A slower or lossier fabric
     /// raises `probe.count`/`probe.intervalMs`.
     fn default() -> ProbeSpec {
         ProbeSpec {
-            count: 7,
+            count: 6,
             interval: Duration::from_millis(20),
         }
     }
