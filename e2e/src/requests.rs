@@ -32,7 +32,7 @@ pub const TARGETS: [(&str, u64); 6] = [
     (DEL_STICKY, 2),
 ];
 
-pub const FRESH_STATEFUL_WHY: &str = "a sticky identity's first ADD must ask whether the identity has a claim elsewhere (GET by name, 404) before it locks an address; making that answer come from a failed create instead would save it here and cost a takeover three more requests (lock, lost claim create, unlock), and the lock must come before the claim or a crash between them could leave a claim on an address another identity then locks";
+pub const FRESH_STATEFUL_WHY: &str = "a sticky identity's first ADD must ask whether the identity has a claim elsewhere (GET by name, 404) before it locks an address; making that answer come from a failed create instead would save it here and cost a takeover three more requests (lock, lost claim create, unlock), and the lock must come before the claim or a crash between them could leave a claim on an address another identity then locks (4 is argued as the floor in ARCHITECTURE.md, \"Why a StatefulSet pod's first ADD costs 4 requests\")";
 
 pub const TAKEOVER_WHY: &str = "a takeover from another node takes the address's IPLock along (a GET for its version, a PUT naming this node, marked) before the claim: a lock left naming the old node, unmarked, would be that node's to delete under the new holder's live claim (issue 26, I14); a JSON Patch with test operations on the lock's UID and identity would make it one request";
 

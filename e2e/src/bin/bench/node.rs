@@ -120,10 +120,12 @@ pub fn parallel(suite: &mut Suite, topo: &mut Topology, api: &ApiServer) {
         );
         plot.push((label.to_string(), lat.clone()));
         if i < 2 {
+            // Issue 29's goal for the kubernetes store: 0.8x.
+            let goal = if i == 0 { 1.0 } else { 0.8 };
             suite.report.verdict(
-                &format!("{n} parallel ADDs, {label}: wall <= the reference's"),
+                &format!("{n} parallel ADDs, {label}: wall <= {goal}x the reference's"),
                 format!("{:.0} vs {:.0} ms ({})", w.median, ref_wall.median, ratio(&w, &ref_wall)),
-                w.median <= ref_wall.median,
+                w.median <= goal * ref_wall.median,
                 if i == 0 {
                     "ADDs of one network on one node are serialised by the file store's lock"
                 } else {
@@ -337,6 +339,14 @@ pub fn probe_cost(suite: &mut Suite, topo: &mut Topology) {
         }
         let (w, wo) = (Stats::of(&with), Stats::of(&without));
         let added = w.median - wo.median;
+        if case == Case::Takeover {
+            suite.report.verdict(
+                "a takeover's ADD on the file store, default probe, <= 150 ms",
+                format!("{:.1} ms (probe off {:.1} ms)", w.median, wo.median),
+                w.median <= 150.0,
+                "the probe's schedule is the cost: section 9 weighs it against its miss rate",
+            );
+        }
         table.row(
             vec![label.into(), w.cell(), wo.cell(), format!("{added:.1}")],
             json!({"case": label, "probe": w.json(), "off": wo.json()}),
