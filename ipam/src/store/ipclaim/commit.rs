@@ -52,10 +52,7 @@ impl KubeStore<'_> {
                     StoreError::from(e)
                 })?,
         };
-        if let Some(uid) = &lock.uid {
-            self.lock_uids.insert(ip, uid.clone());
-        }
-        self.locks_read.insert(ip, lock);
+        self.saw_lock(lock);
         let adopted = self.orphans.remove(&ip).is_some();
         match self.api.create_claim(&self.object(after, None)) {
             Ok(obj) => {
@@ -78,38 +75,105 @@ impl KubeStore<'_> {
                         .flatten()
                         .is_some_and(|o| o.claim.ip == ip);
                 if !adopted && !adopted_by_other && !maybe_made {
-                    self.unlock(ip, &after.identity);
+                    self.unlock(after);
                 }
                 Err(e.into())
             }
         }
     }
 
-    /// Deletes the lock on `ip` if it is `identity`'s; best effort: a lock
-    /// left behind is an orphan, which keeps the address taken until
-    /// reconcile removes it, never hands it out twice. A lock another node
-    /// made, or one marked (I14), is not this node's to delete under the
+    /// The lock as a read or write of this command, or the node-local
+    /// record, last saw it: its UID and resourceVersion are the
+    /// preconditions of what this node writes to it next.
+    pub(super) fn saw_lock(&mut self, lock: LockObject) {
+        let ip = lock.ip;
+        match &lock.uid {
+            Some(uid) => self.lock_uids.insert(ip, uid.clone()),
+            None => self.lock_uids.remove(&ip),
+        };
+        match &lock.resource_version {
+            Some(rv) => self.lock_versions.insert(
+                ip,
+                SeenLock {
+                    resource_version: rv.clone(),
+                    adoptions: lock.adoptions,
+                },
+            ),
+            None => self.lock_versions.remove(&ip),
+        };
+        self.locks_read.insert(ip, lock);
+    }
+
+    /// Deletes the lock on `ip` if it is `identity`'s, at the UID and
+    /// resourceVersion last seen (its create, or a read): once its claim is
+    /// deleted the lock is an orphan, and an old one, which another ADD may
+    /// adopt or re-key in place (same UID) for its own claim. A delete by
+    /// UID alone would then unlock that claim's address for a third
+    /// identity to lock and claim: one address on two claims. So a lock
+    /// changed since it was seen is left, whoever changed it.
+    ///
+    /// Best effort: a lock left behind is an orphan, which keeps the address
+    /// taken until reconcile removes it (or an exhausted pool reclaims it
+    /// with a probe), never hands it out twice. A lock another node made,
+    /// or one marked (I14), is not this node's to delete under the
     /// node-scope policy: it stays, an orphan whose address next-fit skips
     /// (a marked one is a tombstone probed before it is bound again).
-    pub(super) fn unlock(&mut self, ip: IpAddr, identity: &str) {
+    pub(super) fn unlock(&mut self, claim: &Claim) {
+        let ip = claim.ip;
         let name = lock_name(&self.network, ip);
         self.locks_read.remove(&ip);
-        let uid = match self.lock_uids.remove(&ip) {
-            Some(uid) => Some(uid),
-            None => match self.api.get_lock(&name) {
-                Ok(Some(l)) if l.identity == identity => l.uid,
-                Ok(_) => return,
-                Err(e) => {
-                    cni::log::warn(&format!("could not read iplock {name}: {e}; reconcile removes it once no claim names it"));
-                    return;
-                }
-            },
+        self.orphans.remove(&ip);
+        let known_uid = self.lock_uids.remove(&ip);
+        let seen = self.lock_versions.remove(&ip);
+        if let (Some(uid), Some(seen)) = (&known_uid, &seen) {
+            match self
+                .api
+                .delete_lock(&name, uid, Some(&seen.resource_version))
+            {
+                // Changed since it was seen: by reconcile clearing its mark
+                // (it is still ours), or by another ADD's adoption or re-key
+                // (it is theirs now). Read it to tell which.
+                Err(ApiError::Conflict(_)) => {}
+                done => return self.unlocked(&name, done),
+            }
+        }
+        // Only the claim's record of its lock's UID, or nothing, or a lock
+        // changed since: read it (one request more, on claims this node did
+        // not make, or on the rare lock changed under its claim).
+        let lock = match self.api.get_lock(&name) {
+            Ok(Some(l)) => l,
+            Ok(None) => return,
+            Err(e) => {
+                return cni::log::warn(&format!(
+                    "could not read iplock {name}: {e}; reconcile removes it once no claim names it"
+                ))
+            }
         };
-        let Some(uid) = uid else { return };
-        match self.api.delete_lock(&name, &uid, None) {
+        let ours = lock.identity == claim.identity
+            && known_uid.is_none_or(|u| lock.uid.as_ref() == Some(&u))
+            && seen.is_none_or(|s| s.adoptions == lock.adoptions)
+            && lock.unconfirmed.is_none()
+            && (lock.node.is_none() || lock.node.as_deref() == claim.holder_node());
+        match (ours, lock.uid, lock.resource_version) {
+            (true, Some(uid), Some(rv)) => {
+                let done = self.api.delete_lock(&name, &uid, Some(&rv));
+                self.unlocked(&name, done)
+            }
+            _ => cni::log::info(&format!(
+                "iplock {name} is left to reconcile: it changed since this node wrote it (adopted, re-keyed or marked)"
+            )),
+        }
+    }
+
+    /// Logs what became of `unlock`'s delete.
+    fn unlocked(&self, name: &str, done: Result<(), ApiError>) {
+        match done {
             Ok(()) => {}
-            // Gone already, or another lock since: not ours to delete.
-            Err(ApiError::Conflict(_)) => {}
+            // Gone already, or another lock since, or changed again: not
+            // ours to delete.
+            Err(ApiError::Conflict(why)) => cni::log::info(&format!(
+                "iplock {name} is left to reconcile: it changed since this node wrote it ({why})"
+            )),
             Err(ApiError::Refused(why)) => {
                 cni::log::info(&format!("iplock {name} stays as an orphan: {why}"))
             }
@@ -117,7 +181,6 @@ impl KubeStore<'_> {
                 "could not delete iplock {name}: {e}; reconcile removes it once no claim names it"
             )),
         }
-        self.orphans.remove(&ip);
     }
 
     /// Gives BEFORE's address to AFTER's identity without ever unlocking
@@ -202,10 +265,7 @@ impl KubeStore<'_> {
             .api
             .rekey_lock(&read, &before.identity, Some(mine), judged)
             .map_err(StoreError::from)?;
-        if let Some(uid) = &taken.uid {
-            self.lock_uids.insert(before.ip, uid.clone());
-        }
-        self.locks_read.insert(before.ip, taken);
+        self.saw_lock(taken);
         Ok(())
     }
 
@@ -241,10 +301,7 @@ impl KubeStore<'_> {
             .rekey_lock(&read, &after.identity, node, &judged)
             .map_err(StoreError::from)?;
         self.orphans.remove(&ip);
-        if let Some(uid) = &rekeyed.uid {
-            self.lock_uids.insert(ip, uid.clone());
-        }
-        self.locks_read.insert(ip, rekeyed.clone());
+        self.saw_lock(rekeyed.clone());
         if let Some(rv) = rv {
             let name = claim_name(&self.network, &before.identity, Family::of(ip));
             if let Err(e) = self.api.delete_claim(&name, &rv) {
@@ -252,11 +309,10 @@ impl KubeStore<'_> {
                     .api
                     .rekey_lock(&rekeyed, &before.identity, node, &judged)
                 {
-                    Ok(back) => {
-                        self.locks_read.insert(ip, back);
-                    }
+                    Ok(back) => self.saw_lock(back),
                     Err(back) => {
                         self.locks_read.remove(&ip);
+                        self.lock_versions.remove(&ip);
                         cni::log::warn(&format!(
                             "could not give iplock {} back to identity {:?} after ipclaim {name} could not be deleted ({e}): {back}; the address stays locked for identity {:?}",
                             lock_name(&self.network, ip),
@@ -290,7 +346,7 @@ impl KubeStore<'_> {
             )
             .map_err(StoreError::from)?;
         self.versions.remove(&before.ip);
-        self.unlock(before.ip, &before.identity);
+        self.unlock(before);
         Ok(())
     }
 

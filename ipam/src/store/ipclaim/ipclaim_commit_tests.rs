@@ -168,3 +168,63 @@ fn node_offsets_spread() {
     assert!(a < 250 && b < 250 && a != b);
     assert_eq!(node_offset("x", 0), 0);
 }
+
+/// A DEL deletes its claim, then the claim's lock. Between the two the
+/// lock is an orphan, and old: another ADD may adopt or re-key it in place
+/// (same UID) and create its own claim on it. The DEL's lock delete must
+/// then fail, or that claim's address is left unlocked for a third
+/// identity to lock and claim: one address, two claims.
+#[test]
+fn a_del_never_deletes_a_lock_rekeyed_or_adopted_after_its_claim_was_deleted() {
+    // Each race: what another ADD did to the lock in place.
+    type Change = fn(&mut LockObject);
+    let races: [(&str, Change); 3] = [
+        ("re-keyed to another identity", |l| {
+            l.identity = "peer-b".into()
+        }),
+        ("adopted by the same identity on another node", |l| {
+            l.adoptions += 1;
+            l.node = Some("n2".into());
+        }),
+        ("adopted by the same identity on this node", |l| {
+            l.adoptions += 1
+        }),
+    ];
+    for (race, change) in races {
+        let (api, n1) = (FakeApi::default(), Node::new());
+        running(&api, "a", "n1");
+        let key = dynamic_key("c-a", "net1");
+        let ip = add(&api, Some(&n1), &req(&key, false, "a", "n1")).unwrap()[0];
+        let name = crate::kube::lock_name("macnet", ip);
+        let at = name.clone();
+        *api.before.borrow_mut() = Some((
+            "delete lock".into(),
+            Box::new(move |api: &FakeApi| {
+                let rv = api.next_rv();
+                let mut locks = api.locks.borrow_mut();
+                let lock = locks.get_mut(&at).expect("the DEL's lock");
+                change(lock);
+                lock.resource_version = Some(rv);
+            }),
+        ));
+        let (_, calls) = counted(&api, || del(&api, &n1, "c-a"));
+        assert!(
+            api.locks.borrow().contains_key(&name),
+            "{race}: the DEL deleted the lock another ADD holds now: {calls:?}"
+        );
+    }
+}
+
+/// The DEL of a claim this node made still costs two requests: the lock's
+/// version is remembered from its create.
+#[test]
+fn a_del_of_a_claim_made_here_deletes_its_lock_at_the_version_it_was_made_at() {
+    let (api, n1) = (FakeApi::default(), Node::new());
+    running(&api, "a", "n1");
+    let key = dynamic_key("c-a", "net1");
+    add(&api, Some(&n1), &req(&key, false, "a", "n1")).unwrap();
+    let (_, calls) = counted(&api, || del(&api, &n1, "c-a"));
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(api.locks.borrow().is_empty(), "{:?}", api.locks.borrow());
+    assert!(api.claims.borrow().is_empty());
+}

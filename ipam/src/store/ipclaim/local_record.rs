@@ -85,6 +85,22 @@ pub(super) struct ApiNote {
     resource_version: String,
     #[serde(default, rename = "lockUID", skip_serializing_if = "Option::is_none")]
     lock_uid: Option<String>,
+    /// The lock's resourceVersion as this node last wrote or read it: its
+    /// delete's precondition (`KubeStore::unlock`). Absent in records
+    /// written before 0.3.0: the DEL then reads the lock first.
+    #[serde(
+        default,
+        rename = "lockResourceVersion",
+        skip_serializing_if = "Option::is_none"
+    )]
+    lock_resource_version: Option<String>,
+    /// The lock's adoption count when this node last saw it.
+    #[serde(default, rename = "lockAdoptions", skip_serializing_if = "is_zero")]
+    lock_adoptions: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl KubeStore<'_> {
@@ -94,6 +110,11 @@ impl KubeStore<'_> {
         }
         if let Some(rv) = obj.resource_version {
             self.versions.insert(obj.claim.ip, rv);
+        }
+        // A claim naming another lock than the one seen: that lock's
+        // version is not known.
+        if obj.lock_uid.is_none() || self.lock_uids.get(&obj.claim.ip) != obj.lock_uid.as_ref() {
+            self.lock_versions.remove(&obj.claim.ip);
         }
         match obj.lock_uid {
             Some(uid) => self.lock_uids.insert(obj.claim.ip, uid),
@@ -202,6 +223,15 @@ impl KubeStore<'_> {
                     self.versions.insert(c.ip, note.resource_version);
                     if let Some(uid) = note.lock_uid {
                         self.lock_uids.insert(c.ip, uid);
+                        if let Some(rv) = note.lock_resource_version {
+                            self.lock_versions.insert(
+                                c.ip,
+                                SeenLock {
+                                    resource_version: rv,
+                                    adoptions: note.lock_adoptions,
+                                },
+                            );
+                        }
                     }
                     self.from_cache.insert(c.ip, c.clone());
                     vouched.push(c);
@@ -357,6 +387,11 @@ impl KubeStore<'_> {
                 .map(|rv| ApiNote {
                     resource_version: rv,
                     lock_uid: self.lock_uids.get(&ip).cloned(),
+                    lock_resource_version: self
+                        .lock_versions
+                        .get(&ip)
+                        .map(|s| s.resource_version.clone()),
+                    lock_adoptions: self.lock_versions.get(&ip).map_or(0, |s| s.adoptions),
                 });
             self.set_note(ip, note);
         }

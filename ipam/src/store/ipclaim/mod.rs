@@ -65,6 +65,14 @@ pub use local_record::{confirmed_locally, LocalRecord};
 use orphans::orphan_claim;
 pub use orphans::{LockSweep, ORPHAN_LOCK_GRACE_SECS};
 
+/// What `unlock` needs to know of a lock as this node last saw it: its
+/// resourceVersion, and its adoption count, which any adoption raises.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct SeenLock {
+    resource_version: String,
+    adoptions: u64,
+}
+
 pub struct KubeStore<'a> {
     api: &'a dyn KubeApi,
     network: String,
@@ -74,6 +82,9 @@ pub struct KubeStore<'a> {
     versions: BTreeMap<IpAddr, String>,
     /// UID of the lock on each address, as last read or written.
     lock_uids: BTreeMap<IpAddr, String>,
+    /// The version of the lock on each address, as last read or written:
+    /// the precondition of its delete (see `unlock`).
+    lock_versions: BTreeMap<IpAddr, SeenLock>,
     /// The lock on each address as last read or written (its
     /// resourceVersion is a re-key's precondition).
     locks_read: BTreeMap<IpAddr, LockObject>,
@@ -131,6 +142,7 @@ impl<'a> KubeStore<'a> {
             families,
             versions: BTreeMap::new(),
             lock_uids: BTreeMap::new(),
+            lock_versions: BTreeMap::new(),
             locks_read: BTreeMap::new(),
             orphans: BTreeMap::new(),
             from_cache: BTreeMap::new(),
@@ -164,10 +176,7 @@ impl ClaimStore for KubeStore<'_> {
                 lock.network, self.network
             )));
         }
-        if let Some(uid) = &lock.uid {
-            self.lock_uids.insert(ip, uid.clone());
-        }
-        self.locks_read.insert(ip, lock.clone());
+        self.saw_lock(lock.clone());
         match self.fetch(&lock.identity, Family::of(ip))? {
             Some(c) if c.ip == ip => Ok(Some(c)),
             _ => {
@@ -310,10 +319,7 @@ impl ClaimStore for KubeStore<'_> {
         }
         self.orphans.clear();
         for lock in by_ip.values() {
-            if let Some(uid) = &lock.uid {
-                self.lock_uids.insert(lock.ip, uid.clone());
-            }
-            self.locks_read.insert(lock.ip, (*lock).clone());
+            self.saw_lock((*lock).clone());
             if !claims
                 .iter()
                 .any(|c| c.ip == lock.ip && c.identity == lock.identity)
@@ -369,6 +375,7 @@ impl ClaimStore for KubeStore<'_> {
     fn conflicted(&mut self) -> StoreResult<()> {
         self.versions.clear();
         self.lock_uids.clear();
+        self.lock_versions.clear();
         self.locks_read.clear();
         self.orphans.clear();
         self.from_cache.clear();

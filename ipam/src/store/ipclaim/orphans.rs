@@ -67,6 +67,7 @@ impl KubeStore<'_> {
         }
         self.orphans.remove(&lock.ip);
         self.lock_uids.remove(&lock.ip);
+        self.lock_versions.remove(&lock.ip);
         self.locks_read.remove(&lock.ip);
         Ok(())
     }
