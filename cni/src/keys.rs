@@ -54,6 +54,15 @@ pub const MULTUS_KEYS: &[&str] = &[
     "deviceID", "pciBusID",
 ];
 
+/// Keys kubevirt/ipam-extensions reads from a NAD's config, at its top
+/// level, beside the plugin's own.
+pub const KUBEVIRT_KEYS: &[&str] = &[
+    // pkg/config/types.go RelevantConfig: with true, its controller
+    // creates an IPAMClaim per VM and network, and its webhook puts the
+    // claim's name in the launcher pod's network selection element.
+    "allowPersistentIPs",
+];
+
 /// Refuses the first key of `object` that is neither one of `ours` nor in
 /// a `foreign` list (keys others add to configs we receive; each list says
 /// where its keys come from). `at` names the object for the message ("the

@@ -32,6 +32,7 @@ pub mod cri;
 pub mod engine;
 pub mod events;
 pub mod identity;
+pub mod ipamclaim;
 pub mod kube;
 pub mod liveness;
 pub mod pod;

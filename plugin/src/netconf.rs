@@ -89,12 +89,12 @@ pub const MACVLAN_KEYS: &[&str] = &[
 pub const PROBE_KEYS: &[&str] = &["count", "intervalMs", "fresh", "riskDuplicateAddresses"];
 
 fn refuse_unknown_keys(value: &serde_json::Value) -> CniResult<()> {
-    use crate::cni::keys::{refuse_unknown_in, DNS_KEYS, MULTUS_KEYS, SPEC_KEYS};
+    use crate::cni::keys::{refuse_unknown_in, DNS_KEYS, KUBEVIRT_KEYS, MULTUS_KEYS, SPEC_KEYS};
     refuse_unknown_in(
         value,
         "the network config",
         MACVLAN_KEYS,
-        &[SPEC_KEYS, MULTUS_KEYS],
+        &[SPEC_KEYS, MULTUS_KEYS, KUBEVIRT_KEYS],
     )?;
     if let Some(dns) = value.get("dns") {
         refuse_unknown_in(dns, "dns", DNS_KEYS, &[])?;

@@ -156,6 +156,8 @@ fn keys_others_add_to_our_config_stay_accepted() {
         // Multus' delegateAddDeviceID (pkg/types/conf.go).
         "deviceID": "0000:03:00.1",
         "pciBusID": "0000:03:00.1",
+        // kubevirt/ipam-extensions' pkg/config/types.go.
+        "allowPersistentIPs": true,
     });
     for version in VERSIONS {
         let mut conf = with("cniVersion", json!(version));

@@ -1,0 +1,298 @@
+//! IPAMClaims as an identity (issue 30): the network plumbing working
+//! group's `IPAMClaim` (`ipamclaims.k8s.cni.cncf.io/v1alpha1`, the
+//! `github.com/k8snetworkplumbingwg/ipamclaims` module, v0.5.x-alpha),
+//! named from a pod's network selection element as
+//! `"ipam-claim-reference"`, and created for a KubeVirt VM's networks by
+//! kubevirt/ipam-extensions when the NAD's config has
+//! `"allowPersistentIPs": true`.
+//!
+//! Only the decisions live here, free of I/O: which element of the pod's
+//! `k8s.v1.cni.cncf.io/networks` annotation is this attachment's, the
+//! identity a claim gives, whether the pod may use the claim (a launcher
+//! pod of the VM that owns it, read from the VMI's status, which only
+//! virt-controller writes), whether two pods may hold it at once (the
+//! source and target of a live migration), and the status the standard
+//! asks for. Multus (v4.3.0) does not pass the reference on to a delegate,
+//! so the IPAM reads it from the pod it already GETs.
+//!
+//! Not wired into ADD yet: see ARCHITECTURE.md, "IPAMClaims".
+
+use std::collections::BTreeSet;
+
+use cni::{code, CniError, Refusal};
+use serde_json::{json, Value};
+
+/// The pod annotation Multus reads the additional networks from.
+pub const NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";
+/// The network selection element's key naming an IPAMClaim
+/// (network-attachment-definition-client >= v1.6.0, `IPAMClaimReference`).
+pub const CLAIM_REFERENCE_KEY: &str = "ipam-claim-reference";
+/// The condition the standard's status carries (the literal OVN-Kubernetes
+/// writes; the ipamclaims module defines no constant for it).
+pub const IPS_ALLOCATED: &str = "IPsAllocated";
+
+/// The reasons of `IPsAllocated`: the first four are OVN-Kubernetes'
+/// (pkg/allocator/ip, the only implementation released), the last two ours
+/// for refusals the standard has no word for.
+pub mod reason {
+    pub const SUCCESSFUL_ALLOCATION: &str = "SuccessfulAllocation";
+    pub const SUBNET_EXHAUSTED: &str = "SubnetExhausted";
+    pub const IP_ADDRESS_CONFLICT: &str = "IPAddressConflict";
+    pub const INTERNAL_ERROR: &str = "InternalError";
+    pub const HOLDER_MAY_BE_ALIVE: &str = "HolderMayBeAlive";
+    pub const NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";
+}
+
+/// The identity an IPAMClaim gives: namespaced by construction, and of a
+/// form no raw identity (cni-args, the NAD, an annotation) can take, since
+/// the tenancy rule gives a raw `A/B` to namespace `A` and no namespace
+/// contains ':'.
+pub fn identity_key(namespace: &str, claim: &str) -> String {
+    format!("ipamclaim:{namespace}/{claim}")
+}
+
+/// The IPAMClaim this attachment's element of the pod's networks
+/// annotation references, if any. The element is the one whose
+/// `interface` is `ifname`, or, without one, whose position gives Multus'
+/// default name (`net1` for the first element; the cluster network is
+/// `net0`'s place). The comma-separated short form cannot carry a
+/// reference. `Err` says what is wrong with the annotation.
+pub fn claim_reference(networks: &str, ifname: &str) -> Result<Option<String>, String> {
+    let text = networks.trim();
+    if !text.starts_with('[') {
+        return Ok(None);
+    }
+    let elements: Vec<Value> = serde_json::from_str(text).map_err(|e| {
+        format!("pod annotation {NETWORKS_ANNOTATION} is not a JSON list of network selection elements: {e}")
+    })?;
+    let mine = elements.iter().enumerate().find(|(i, el)| {
+        let named = el.get("interface").and_then(Value::as_str);
+        named.map_or_else(|| format!("net{}", i + 1) == ifname, |n| n == ifname)
+    });
+    let Some((_, element)) = mine else {
+        return Ok(None);
+    };
+    match element.get(CLAIM_REFERENCE_KEY) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(name)) if is_object_name(name) => Ok(Some(name.clone())),
+        Some(other) => Err(format!(
+            "the {ifname} element of pod annotation {NETWORKS_ANNOTATION} has {CLAIM_REFERENCE_KEY} {other}, which is not an IPAMClaim's name (a DNS subdomain: lower-case letters, digits, '-' and '.', at most 253)"
+        )),
+    }
+}
+
+/// A Kubernetes object name (RFC 1123 subdomain).
+fn is_object_name(name: &str) -> bool {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    !name.is_empty() && name.len() <= 253 && name.split('.').all(label_ok)
+}
+
+/// What the IPAM needs of an IPAMClaim object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimFacts {
+    pub name: String,
+    pub uid: String,
+    /// `spec.network`: the NAD config's `name`.
+    pub network: String,
+    pub deleting: bool,
+    /// The KubeVirt object the claim belongs to, from its controller owner
+    /// reference: the VM's name, which is its VMI's.
+    pub vm: Option<String>,
+}
+
+impl ClaimFacts {
+    pub fn parse(obj: &Value) -> Result<ClaimFacts, String> {
+        let meta = &obj["metadata"];
+        let name = meta["name"].as_str().unwrap_or_default().to_string();
+        let network = obj["spec"]["network"]
+            .as_str()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| format!("IPAMClaim {name:?} has no spec.network"))?
+            .to_string();
+        let vm = meta["ownerReferences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["controller"].as_bool() == Some(true))
+            .find(|r| {
+                let group = r["apiVersion"].as_str().and_then(|v| v.split_once('/'));
+                let kind = r["kind"].as_str().unwrap_or_default();
+                group.is_some_and(|(g, _)| g == "kubevirt.io")
+                    && matches!(kind, "VirtualMachine" | "VirtualMachineInstance")
+            })
+            .and_then(|r| r["name"].as_str())
+            .map(str::to_string);
+        Ok(ClaimFacts {
+            uid: meta["uid"].as_str().unwrap_or_default().to_string(),
+            deleting: !meta["deletionTimestamp"].is_null(),
+            name,
+            network,
+            vm,
+        })
+    }
+}
+
+/// What the IPAM needs of a VirtualMachineInstance: the pods
+/// virt-controller counts as the VMI's (`status.activePods`, pod UID to
+/// node), which a pod author cannot write, unlike a pod's labels or owner
+/// references.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VmiFacts {
+    pub name: String,
+    pub active_pods: BTreeSet<String>,
+}
+
+impl VmiFacts {
+    pub fn parse(obj: &Value) -> VmiFacts {
+        VmiFacts {
+            name: obj["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            active_pods: obj["status"]["activePods"]
+                .as_object()
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+fn refuse(code: u32, msg: String) -> CniError {
+    CniError::new(code, msg)
+}
+
+/// Whether the pod (`pod_uid`, `pod`) may use IPAMClaim `claim` on
+/// network `network`: the claim must be for this network, not being
+/// deleted, owned by a KubeVirt VM, and the pod one of that VM's VMI's
+/// active pods. `vmi` is the VMI of the claim's owner, `None` if the API
+/// has none. Every refusal is worth a retry by kubelet except a claim of
+/// another network or one with no VM, which need the operator.
+pub fn may_use(
+    claim: &ClaimFacts,
+    network: &str,
+    vmi: Option<&VmiFacts>,
+    pod: &str,
+    pod_uid: &str,
+) -> Result<(), CniError> {
+    let name = &claim.name;
+    if claim.network != network {
+        return Err(refuse(
+            code::INVALID_CONFIG,
+            format!(
+                "IPAMClaim {name:?} is for network {:?}, but pod {pod:?} references it on network {network:?}: fix the pod's {CLAIM_REFERENCE_KEY} or the claim's spec.network",
+                claim.network
+            ),
+        ));
+    }
+    if claim.deleting {
+        return Err(refuse(
+            code::TRY_AGAIN_LATER,
+            format!("IPAMClaim {name:?} is being deleted, and its address with it: pod {pod:?} cannot take it (its VM is going away)"),
+        ));
+    }
+    let Some(vm) = &claim.vm else {
+        return Err(refuse(
+            code::INVALID_CONFIG,
+            format!("IPAMClaim {name:?} has no KubeVirt VM as its controller owner: only a VM's launcher pods may use a claim, and pod {pod:?} cannot be shown to be one"),
+        ));
+    };
+    let Some(vmi) = vmi else {
+        return Err(refuse(
+            code::TRY_AGAIN_LATER,
+            format!("IPAMClaim {name:?} belongs to VM {vm:?}, which has no VirtualMachineInstance now: pod {pod:?} is not its launcher"),
+        ));
+    };
+    if !vmi.active_pods.contains(pod_uid) {
+        return Err(refuse(
+            code::TRY_AGAIN_LATER,
+            format!("pod {pod:?} is not (or not yet) one of VirtualMachineInstance {vm:?}'s active pods (its status.activePods, written by virt-controller), so it may not use IPAMClaim {name:?}: only that VM's launcher pods may"),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a pod may take the claim's address while `holder_uid` still
+/// holds it: only when both are the VMI's active pods (the source and the
+/// target of a live migration, which share the guest's one address).
+pub fn may_share(vmi: &VmiFacts, holder_uid: &str, pod_uid: &str) -> bool {
+    holder_uid != pod_uid
+        && vmi.active_pods.contains(holder_uid)
+        && vmi.active_pods.contains(pod_uid)
+}
+
+/// The `IPsAllocated` reason for a failed ADD.
+pub fn failure_reason(e: &CniError) -> &'static str {
+    match e.refusal {
+        Some(Refusal::PoolExhausted) => reason::SUBNET_EXHAUSTED,
+        Some(Refusal::AnsweredOnWire | Refusal::AddressReserved) => reason::IP_ADDRESS_CONFLICT,
+        Some(Refusal::HolderAlive) => reason::HOLDER_MAY_BE_ALIVE,
+        Some(Refusal::NamespaceNotAllowed) => reason::NAMESPACE_NOT_ALLOWED,
+        None => reason::INTERNAL_ERROR,
+    }
+}
+
+/// What an ADD ended with, for the claim's status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The addresses, in CIDR notation, and the pod that has them.
+    Allocated { ips: Vec<String>, pod: String },
+    Failed { reason: &'static str, message: String },
+}
+
+/// The status to write for `outcome` over the claim's `current` status: a
+/// success sets `ips` and `ownerPod`; a failure keeps them and only turns
+/// the condition False. `lastTransitionTime` moves only when the
+/// condition's status changes (metav1.Condition's rule).
+pub fn status(current: &Value, outcome: &Outcome, generation: i64, now: &str) -> Value {
+    let mut status = match current {
+        Value::Object(_) => current.clone(),
+        _ => json!({}),
+    };
+    let (cond_status, why, message) = match outcome {
+        Outcome::Allocated { ips, pod } => {
+            status["ips"] = json!(ips);
+            status["ownerPod"] = json!({ "name": pod });
+            (
+                "True",
+                reason::SUCCESSFUL_ALLOCATION,
+                format!("{} allocated to pod {pod}", ips.join(", ")),
+            )
+        }
+        Outcome::Failed { reason, message } => ("False", *reason, message.clone()),
+    };
+    let mut conditions: Vec<Value> = status["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let old = conditions
+        .iter()
+        .position(|c| c["type"] == IPS_ALLOCATED)
+        .map(|i| conditions.remove(i));
+    let since = old
+        .as_ref()
+        .filter(|c| c["status"] == cond_status)
+        .and_then(|c| c["lastTransitionTime"].as_str())
+        .unwrap_or(now)
+        .to_string();
+    conditions.push(json!({
+        "type": IPS_ALLOCATED,
+        "status": cond_status,
+        "reason": why,
+        "message": message,
+        "lastTransitionTime": since,
+        "observedGeneration": generation,
+    }));
+    status["conditions"] = Value::Array(conditions);
+    status
+}
+
+#[cfg(test)]
+#[path = "ipamclaim_tests.rs"]
+mod tests;
