@@ -243,7 +243,10 @@ pub fn failure_reason(e: &CniError) -> &'static str {
 pub enum Outcome {
     /// The addresses, in CIDR notation, and the pod that has them.
     Allocated { ips: Vec<String>, pod: String },
-    Failed { reason: &'static str, message: String },
+    Failed {
+        reason: &'static str,
+        message: String,
+    },
 }
 
 /// The status to write for `outcome` over the claim's `current` status: a
@@ -267,10 +270,7 @@ pub fn status(current: &Value, outcome: &Outcome, generation: i64, now: &str) ->
         }
         Outcome::Failed { reason, message } => ("False", *reason, message.clone()),
     };
-    let mut conditions: Vec<Value> = status["conditions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let mut conditions: Vec<Value> = status["conditions"].as_array().cloned().unwrap_or_default();
     let old = conditions
         .iter()
         .position(|c| c["type"] == IPS_ALLOCATED)

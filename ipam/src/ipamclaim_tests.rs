@@ -11,7 +11,9 @@ fn the_element_of_this_attachment_names_the_claim() {
         {"name": "plain"}
     ]"#;
     // (annotation, CNI_IFNAME, the claim, or the start of the error)
-    let cases: &[(&str, &str, Result<Option<&str>, &str>)] = &[
+    /// The claim, or the start of the error.
+    type Want = Result<Option<&'static str>, &'static str>;
+    let cases: &[(&str, &str, Want)] = &[
         // Multus names elements without an interface net1, net2, ...
         (two, "net1", Ok(Some("vm1.other"))),
         (two, "net2", Ok(Some("vm1.phys"))),
@@ -45,7 +47,11 @@ fn the_element_of_this_attachment_names_the_claim() {
             "net1",
             Err("the net1 element"),
         ),
-        ("[{", "net1", Err("pod annotation k8s.v1.cni.cncf.io/networks")),
+        (
+            "[{",
+            "net1",
+            Err("pod annotation k8s.v1.cni.cncf.io/networks"),
+        ),
         // Another element's bad reference is not this attachment's business.
         (
             r#"[{"name": "a", "ipam-claim-reference": 7}, {"name": "b", "ipam-claim-reference": "vm.b"}]"#,
@@ -122,14 +128,23 @@ fn vm_ref(api_version: &str, kind: &str, controller: bool) -> Value {
 fn a_claims_vm_is_its_kubevirt_controller_owner_only() {
     // (owner references, the VM read)
     let cases = [
-        (json!([vm_ref("kubevirt.io/v1", "VirtualMachine", true)]), Some("vm1")),
+        (
+            json!([vm_ref("kubevirt.io/v1", "VirtualMachine", true)]),
+            Some("vm1"),
+        ),
         (
             json!([vm_ref("kubevirt.io/v1", "VirtualMachineInstance", true)]),
             Some("vm1"),
         ),
         // Not the controller, another group's kind, or no owner at all.
-        (json!([vm_ref("kubevirt.io/v1", "VirtualMachine", false)]), None),
-        (json!([vm_ref("example.com/v1", "VirtualMachine", true)]), None),
+        (
+            json!([vm_ref("kubevirt.io/v1", "VirtualMachine", false)]),
+            None,
+        ),
+        (
+            json!([vm_ref("example.com/v1", "VirtualMachine", true)]),
+            None,
+        ),
         (json!([vm_ref("v1", "VirtualMachine", true)]), None),
         (json!([vm_ref("kubevirt.io/v1", "Pod", true)]), None),
         (Value::Null, None),
@@ -175,7 +190,14 @@ fn only_the_vms_active_pods_may_use_its_claim() {
     let migrating = vmi(&["pod-a", "pod-b"]);
     let none = vmi(&[]);
     // (claim, network, VMI, pod UID, the code refused with)
-    let cases: Vec<(&ClaimFacts, &str, Option<&VmiFacts>, &str, Option<u32>)> = vec![
+    type Case<'a> = (
+        &'a ClaimFacts,
+        &'a str,
+        Option<&'a VmiFacts>,
+        &'a str,
+        Option<u32>,
+    );
+    let cases: Vec<Case> = vec![
         (&owned, "phys", Some(&launcher), "pod-a", None),
         (&owned, "phys", Some(&migrating), "pod-b", None),
         // A pod that names the claim but virt-controller does not count.
@@ -186,7 +208,13 @@ fn only_the_vms_active_pods_may_use_its_claim() {
             "pod-x",
             Some(code::TRY_AGAIN_LATER),
         ),
-        (&owned, "phys", Some(&none), "pod-a", Some(code::TRY_AGAIN_LATER)),
+        (
+            &owned,
+            "phys",
+            Some(&none),
+            "pod-a",
+            Some(code::TRY_AGAIN_LATER),
+        ),
         (&owned, "phys", None, "pod-a", Some(code::TRY_AGAIN_LATER)),
         // The claim is another network's.
         (
@@ -254,7 +282,10 @@ fn a_failure_is_reported_with_the_standards_reason_where_it_has_one() {
         with(Some(Refusal::AddressReserved)),
         reason::IP_ADDRESS_CONFLICT
     );
-    assert_eq!(with(Some(Refusal::HolderAlive)), reason::HOLDER_MAY_BE_ALIVE);
+    assert_eq!(
+        with(Some(Refusal::HolderAlive)),
+        reason::HOLDER_MAY_BE_ALIVE
+    );
     assert_eq!(
         with(Some(Refusal::NamespaceNotAllowed)),
         reason::NAMESPACE_NOT_ALLOWED
@@ -270,7 +301,10 @@ fn the_status_keeps_its_addresses_on_failure_and_its_transition_time_while_uncha
     };
     let first = status(&Value::Null, &ok, 1, "t1");
     assert_eq!(first["ips"], json!(["10.0.0.5/24", "fd00::5/64"]));
-    assert_eq!(first["ownerPod"], json!({"name": "virt-launcher-vm1-abcde"}));
+    assert_eq!(
+        first["ownerPod"],
+        json!({"name": "virt-launcher-vm1-abcde"})
+    );
     let cond = &first["conditions"][0];
     assert_eq!(cond["type"], "IPsAllocated");
     assert_eq!(cond["status"], "True");

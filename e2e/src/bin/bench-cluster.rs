@@ -118,13 +118,13 @@ fn update_benchmarks_md(out: &std::path::Path) {
     println!("wrote the cluster sections of {}", md.display());
 }
 
-/// 9c: one pod's ADD and DEL through Multus thin and directly.
+/// 11c: one pod's ADD and DEL through Multus thin and directly.
 fn multus_section(c: &LocalCluster, runs: usize) -> Vec<(&'static str, String)> {
     let node = "node1";
     let samples = multus_overhead::measure(c, node, runs);
     let mut t = Table::new(
         "multus-overhead",
-        format!("9c. What Multus costs: one pod's ADD and DEL on {node}, through Multus thin and with its two delegates run directly, {runs} interleaved runs, ms"),
+        format!("11c. What Multus costs: one pod's ADD and DEL on {node}, through Multus thin and with its two delegates run directly, {runs} interleaved runs, ms"),
         &["path", "ADD", "DEL"],
     );
     for (i, label) in multus_overhead::PATHS.iter().enumerate() {
@@ -157,7 +157,7 @@ fn multus_section(c: &LocalCluster, runs: usize) -> Vec<(&'static str, String)> 
     ]
 }
 
-/// 9a and 9b: pod start, every contender, rounds interleaved.
+/// 11a and 11b: pod start, every contender, rounds interleaved.
 fn pod_start_section(c: &LocalCluster, shape: Shape) -> Vec<(&'static str, String)> {
     let rounds = run(c, shape);
     let pods = shape.groups * shape.replicas;
@@ -166,7 +166,7 @@ fn pod_start_section(c: &LocalCluster, shape: Shape) -> Vec<(&'static str, Strin
     let mut per_round = Table::new(
         "pod-start-rounds",
         format!(
-            "9a. Pod start on the local cluster, per round, s: {g} Deployments x {r} replicas from `kubectl apply` to every pod Running with net1 addressed; then {g} StatefulSets x {r} (Parallel), and all their pods deleted and back",
+            "11a. Pod start on the local cluster, per round, s: {g} Deployments x {r} replicas from `kubectl apply` to every pod Running with net1 addressed; then {g} StatefulSets x {r} (Parallel), and all their pods deleted and back",
             g = shape.groups,
             r = shape.replicas
         ),
@@ -195,7 +195,7 @@ fn pod_start_section(c: &LocalCluster, shape: Shape) -> Vec<(&'static str, Strin
     let mut summary = Table::new(
         "pod-start",
         format!(
-            "9b. Pod start, median [min..max] over {} rounds, s ({pods} pods)",
+            "11b. Pod start, median [min..max] over {} rounds, s ({pods} pods)",
             shape.rounds
         ),
         &[

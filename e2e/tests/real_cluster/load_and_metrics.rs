@@ -111,7 +111,7 @@ fn pod_start_comparison_runs_and_ours_come_back_on_their_addresses() {
     );
 }
 
-/// The Multus overhead figure of `scripts/bench.sh --cluster` (table 9c)
+/// The Multus overhead figure of `scripts/bench.sh --cluster` (table 11c)
 /// on two runs, so it cannot rot: every call succeeds through Multus and
 /// directly, and the DELs leave no claim of the network behind.
 #[test]

@@ -35,7 +35,7 @@ pub struct ProbeSpec {
 impl Default for ProbeSpec {
     /// 6 probes 20 ms apart, listening 20 ms after the last: 120 ms for
     /// all of an ADD's addresses at once, chosen from
-    /// docs/bench/probe-schedule.md (bench section 9: a live holder behind
+    /// BENCHMARKS.md section 9 (a live holder behind
     /// a relay that drops each frame, each way, and delays it; at 5 % loss
     /// and 0-2 ms, 0 misses in 42,240 trials per family, the same as 7
     /// probes, and the 20 ms a seventh costs is what keeps a takeover's ADD

@@ -504,7 +504,7 @@ impl Netlink for RtnlClient {
 /// Two gratuitous ARPs (RFC 5227's ANNOUNCE_NUM), the second for a peer
 /// that dropped the first. Nearly back to back, because ADD waits for them:
 /// a frame lost to independent loss is as likely 2 ms later as 2 s later
-/// (the probe schedule's measurement, docs/bench/probe-schedule.md), and
+/// (the probe schedule's measurement, BENCHMARKS.md section 9), and
 /// the gap only keeps the two out of one transmit burst.
 const ANNOUNCE_COUNT: u32 = 2;
 const ANNOUNCE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(2);

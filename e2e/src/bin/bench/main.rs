@@ -16,7 +16,8 @@
 //! 9. The probe schedule from measurement: how often each candidate misses
 //!    a live holder behind a lossy, delayed link (a userspace relay: these
 //!    kernels have no netem), and what a silent probe costs. Alone:
-//!    `bench --only probe-schedule` (into `docs/bench/probe-schedule.md`).
+//!    `bench --only probe-schedule` (into `--out`; a full run puts it in
+//!    BENCHMARKS.md).
 //! 10. Many simulated nodes (50 and 200) against one real kube-apiserver:
 //!     an ADD storm and churn, ours and Whereabouts v0.9.2's side by side.
 //!
@@ -286,9 +287,8 @@ fn machine(topo: &Topology) -> Value {
 }
 
 /// `--only probe-schedule`: section 9 alone, on its own topology (it needs
-/// no API server), into `docs/bench/probe-schedule.md` (full-size runs)
-/// and the out dir's JSON; the other sections' figures and BENCHMARKS.md
-/// stay as they are.
+/// no API server), into the out dir's `probe-schedule.md` and JSON; the
+/// figures of record are a full run's, in BENCHMARKS.md section 9.
 fn run_probe_schedule_alone(opts: &Options) {
     if let Err(e) = std::fs::create_dir_all(&opts.out) {
         panic!("cannot create {}: {e}", opts.out.display());
@@ -304,14 +304,8 @@ fn run_probe_schedule_alone(opts: &Options) {
         "probe-schedule.json",
         &serde_json::to_string_pretty(&results).unwrap_or_default(),
     );
-    if !opts.quick {
-        let md = section_markdown(&report.markdown(&machine, command, "."));
-        let path = Path::new("docs/bench/probe-schedule.md");
-        if let Err(e) = std::fs::write(path, md) {
-            panic!("cannot write {}: {e}", path.display());
-        }
-        println!("wrote {}", path.display());
-    }
+    let md = section_markdown(&report.markdown(&machine, command, "."));
+    report.write(&opts.out, "probe-schedule.md", &md);
 }
 
 /// The suite's markdown, headed for section 9 alone: its anchor is the
@@ -326,7 +320,7 @@ fn section_markdown(suite_md: &str) -> String {
          machines (`Error: Specified qdisc kind is unknown.`): a userspace relay\n\
          drops and delays every frame, each way. Times are wall-clock\n\
          milliseconds, `median [min..max]`.\n\n{}",
-        suite_md[intro_end..].replace("docs/bench/results.json", "docs/bench/probe-schedule.json")
+        suite_md[intro_end..].replace("docs/bench/results.json", "probe-schedule.json")
     )
 }
 
