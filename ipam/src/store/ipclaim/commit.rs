@@ -10,7 +10,7 @@ impl KubeStore<'_> {
             network: self.network.clone(),
             claim: claim.clone(),
             resource_version,
-            lock_uid: self.lock_uids.get(&claim.ip).cloned(),
+            lock_uid: self.locks_seen.get(&claim.ip).map(|s| s.uid.clone()),
         }
     }
 
@@ -88,18 +88,15 @@ impl KubeStore<'_> {
     pub(super) fn saw_lock(&mut self, lock: LockObject) {
         let ip = lock.ip;
         match &lock.uid {
-            Some(uid) => self.lock_uids.insert(ip, uid.clone()),
-            None => self.lock_uids.remove(&ip),
-        };
-        match &lock.resource_version {
-            Some(rv) => self.lock_versions.insert(
+            Some(uid) => self.locks_seen.insert(
                 ip,
                 SeenLock {
-                    resource_version: rv.clone(),
+                    uid: uid.clone(),
+                    resource_version: lock.resource_version.clone(),
                     adoptions: lock.adoptions,
                 },
             ),
-            None => self.lock_versions.remove(&ip),
+            None => self.locks_seen.remove(&ip),
         };
         self.locks_read.insert(ip, lock);
     }
@@ -123,13 +120,14 @@ impl KubeStore<'_> {
         let name = lock_name(&self.network, ip);
         self.locks_read.remove(&ip);
         self.orphans.remove(&ip);
-        let known_uid = self.lock_uids.remove(&ip);
-        let seen = self.lock_versions.remove(&ip);
-        if let (Some(uid), Some(seen)) = (&known_uid, &seen) {
-            match self
-                .api
-                .delete_lock(&name, uid, Some(&seen.resource_version))
-            {
+        let seen = self.locks_seen.remove(&ip);
+        if let Some(SeenLock {
+            uid,
+            resource_version: Some(rv),
+            ..
+        }) = &seen
+        {
+            match self.api.delete_lock(&name, uid, Some(rv)) {
                 // Changed since it was seen: by reconcile clearing its mark
                 // (it is still ours), or by another ADD's adoption or re-key
                 // (it is theirs now). Read it to tell which.
@@ -150,8 +148,10 @@ impl KubeStore<'_> {
             }
         };
         let ours = lock.identity == claim.identity
-            && known_uid.is_none_or(|u| lock.uid.as_ref() == Some(&u))
-            && seen.is_none_or(|s| s.adoptions == lock.adoptions)
+            && seen.is_none_or(|s| {
+                lock.uid.as_ref() == Some(&s.uid)
+                    && (s.resource_version.is_none() || s.adoptions == lock.adoptions)
+            })
             && lock.unconfirmed.is_none()
             && (lock.node.is_none() || lock.node.as_deref() == claim.holder_node());
         match (ours, lock.uid, lock.resource_version) {
@@ -212,12 +212,12 @@ impl KubeStore<'_> {
             .get(&ip)
             .cloned()
             .or_else(|| {
-                self.lock_uids.get(&ip).map(|uid| LockObject {
+                self.locks_seen.get(&ip).map(|seen| LockObject {
                     network: self.network.clone(),
                     ip,
                     identity: before.identity.clone(),
                     created: before.created,
-                    uid: Some(uid.clone()),
+                    uid: Some(seen.uid.clone()),
                     node: None,
                     unconfirmed: None,
                     resource_version: None,
@@ -312,7 +312,9 @@ impl KubeStore<'_> {
                     Ok(back) => self.saw_lock(back),
                     Err(back) => {
                         self.locks_read.remove(&ip);
-                        self.lock_versions.remove(&ip);
+                        if let Some(seen) = self.locks_seen.get_mut(&ip) {
+                            seen.resource_version = None;
+                        }
                         cni::log::warn(&format!(
                             "could not give iplock {} back to identity {:?} after ipclaim {name} could not be deleted ({e}): {back}; the address stays locked for identity {:?}",
                             lock_name(&self.network, ip),

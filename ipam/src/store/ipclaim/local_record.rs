@@ -111,15 +111,25 @@ impl KubeStore<'_> {
         if let Some(rv) = obj.resource_version {
             self.versions.insert(obj.claim.ip, rv);
         }
-        // A claim naming another lock than the one seen: that lock's
-        // version is not known.
-        if obj.lock_uid.is_none() || self.lock_uids.get(&obj.claim.ip) != obj.lock_uid.as_ref() {
-            self.lock_versions.remove(&obj.claim.ip);
-        }
+        let ip = obj.claim.ip;
         match obj.lock_uid {
-            Some(uid) => self.lock_uids.insert(obj.claim.ip, uid),
-            None => self.lock_uids.remove(&obj.claim.ip),
-        };
+            // The lock already seen: what is known of it stays.
+            Some(uid) if self.locks_seen.get(&ip).is_some_and(|s| s.uid == uid) => {}
+            // Another lock than the one seen: its version is not known.
+            Some(uid) => {
+                self.locks_seen.insert(
+                    ip,
+                    SeenLock {
+                        uid,
+                        resource_version: None,
+                        adoptions: 0,
+                    },
+                );
+            }
+            None => {
+                self.locks_seen.remove(&ip);
+            }
+        }
         self.from_cache.remove(&obj.claim.ip);
         Some(obj.claim)
     }
@@ -222,16 +232,14 @@ impl KubeStore<'_> {
                 Some(note) => {
                     self.versions.insert(c.ip, note.resource_version);
                     if let Some(uid) = note.lock_uid {
-                        self.lock_uids.insert(c.ip, uid);
-                        if let Some(rv) = note.lock_resource_version {
-                            self.lock_versions.insert(
-                                c.ip,
-                                SeenLock {
-                                    resource_version: rv,
-                                    adoptions: note.lock_adoptions,
-                                },
-                            );
-                        }
+                        self.locks_seen.insert(
+                            c.ip,
+                            SeenLock {
+                                uid,
+                                resource_version: note.lock_resource_version,
+                                adoptions: note.lock_adoptions,
+                            },
+                        );
                     }
                     self.from_cache.insert(c.ip, c.clone());
                     vouched.push(c);
@@ -384,14 +392,14 @@ impl KubeStore<'_> {
         for (ip, after) in targets {
             let note = after
                 .and_then(|_| self.versions.get(&ip).cloned())
-                .map(|rv| ApiNote {
-                    resource_version: rv,
-                    lock_uid: self.lock_uids.get(&ip).cloned(),
-                    lock_resource_version: self
-                        .lock_versions
-                        .get(&ip)
-                        .map(|s| s.resource_version.clone()),
-                    lock_adoptions: self.lock_versions.get(&ip).map_or(0, |s| s.adoptions),
+                .map(|rv| {
+                    let seen = self.locks_seen.get(&ip);
+                    ApiNote {
+                        resource_version: rv,
+                        lock_uid: seen.map(|s| s.uid.clone()),
+                        lock_resource_version: seen.and_then(|s| s.resource_version.clone()),
+                        lock_adoptions: seen.map_or(0, |s| s.adoptions),
+                    }
                 });
             self.set_note(ip, note);
         }

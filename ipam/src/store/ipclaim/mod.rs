@@ -65,11 +65,14 @@ pub use local_record::{confirmed_locally, LocalRecord};
 use orphans::orphan_claim;
 pub use orphans::{LockSweep, ORPHAN_LOCK_GRACE_SECS};
 
-/// What `unlock` needs to know of a lock as this node last saw it: its
-/// resourceVersion, and its adoption count, which any adoption raises.
+/// The lock on an address as this node last saw it, from a read or write
+/// of this command or from the node-local record: its UID, and, when known,
+/// its resourceVersion with the adoption count it had then (any adoption
+/// raises it). Its delete's preconditions (see `unlock`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct SeenLock {
-    resource_version: String,
+    uid: String,
+    resource_version: Option<String>,
     adoptions: u64,
 }
 
@@ -80,11 +83,8 @@ pub struct KubeStore<'a> {
     families: Vec<Family>,
     /// resourceVersion of the claim on each address, as last read or written.
     versions: BTreeMap<IpAddr, String>,
-    /// UID of the lock on each address, as last read or written.
-    lock_uids: BTreeMap<IpAddr, String>,
-    /// The version of the lock on each address, as last read or written:
-    /// the precondition of its delete (see `unlock`).
-    lock_versions: BTreeMap<IpAddr, SeenLock>,
+    /// The lock on each address, as last read or written.
+    locks_seen: BTreeMap<IpAddr, SeenLock>,
     /// The lock on each address as last read or written (its
     /// resourceVersion is a re-key's precondition).
     locks_read: BTreeMap<IpAddr, LockObject>,
@@ -141,8 +141,7 @@ impl<'a> KubeStore<'a> {
             network: network.to_string(),
             families,
             versions: BTreeMap::new(),
-            lock_uids: BTreeMap::new(),
-            lock_versions: BTreeMap::new(),
+            locks_seen: BTreeMap::new(),
             locks_read: BTreeMap::new(),
             orphans: BTreeMap::new(),
             from_cache: BTreeMap::new(),
@@ -374,8 +373,7 @@ impl ClaimStore for KubeStore<'_> {
     /// memory flat at 60,000 claims.
     fn conflicted(&mut self) -> StoreResult<()> {
         self.versions.clear();
-        self.lock_uids.clear();
-        self.lock_versions.clear();
+        self.locks_seen.clear();
         self.locks_read.clear();
         self.orphans.clear();
         self.from_cache.clear();

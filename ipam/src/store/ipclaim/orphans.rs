@@ -66,8 +66,7 @@ impl KubeStore<'_> {
             Err(e) => return Err(e.into()),
         }
         self.orphans.remove(&lock.ip);
-        self.lock_uids.remove(&lock.ip);
-        self.lock_versions.remove(&lock.ip);
+        self.locks_seen.remove(&lock.ip);
         self.locks_read.remove(&lock.ip);
         Ok(())
     }
