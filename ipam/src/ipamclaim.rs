@@ -83,15 +83,7 @@ pub fn claim_reference(networks: &str, ifname: &str) -> Result<Option<String>, S
 
 /// A Kubernetes object name (RFC 1123 subdomain).
 fn is_object_name(name: &str) -> bool {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    !name.is_empty() && name.len() <= 253 && name.split('.').all(label_ok)
+    name.len() <= 253 && name.split('.').all(crate::config::is_dns_label)
 }
 
 /// What the IPAM needs of an IPAMClaim object.

@@ -140,8 +140,9 @@ struct RawIpam {
     retention: Option<Retention>,
 }
 
-/// A DNS-1123 label, what a Kubernetes namespace name is.
-fn is_namespace_name(s: &str) -> bool {
+/// A DNS-1123 label, what a Kubernetes namespace name is, and each
+/// dot-separated part of an object name.
+pub(crate) fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes()
@@ -360,7 +361,7 @@ fn parse_reservations(
                     "{field} is empty: list the namespaces whose pods may take {id:?}, or leave the key out (the first namespace to claim it keeps it)"
                 )));
             }
-            if let Some(ns) = namespaces.iter().find(|ns| !is_namespace_name(ns)) {
+            if let Some(ns) = namespaces.iter().find(|ns| !is_dns_label(ns)) {
                 return Err(bad(format!(
                     "{field} entry {ns:?} is not a Kubernetes namespace name (lower-case letters, digits and '-', at most 63)"
                 )));
