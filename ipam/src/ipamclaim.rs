@@ -156,10 +156,6 @@ impl VmiFacts {
     }
 }
 
-fn refuse(code: u32, msg: String) -> CniError {
-    CniError::new(code, msg)
-}
-
 /// Whether the pod (`pod_uid`, `pod`) may use IPAMClaim `claim` on
 /// network `network`: the claim must be for this network, not being
 /// deleted, owned by a KubeVirt VM, and the pod one of that VM's VMI's
@@ -175,7 +171,7 @@ pub fn may_use(
 ) -> Result<(), CniError> {
     let name = &claim.name;
     if claim.network != network {
-        return Err(refuse(
+        return Err(CniError::new(
             code::INVALID_CONFIG,
             format!(
                 "IPAMClaim {name:?} is for network {:?}, but pod {pod:?} references it on network {network:?}: fix the pod's {CLAIM_REFERENCE_KEY} or the claim's spec.network",
@@ -184,25 +180,25 @@ pub fn may_use(
         ));
     }
     if claim.deleting {
-        return Err(refuse(
+        return Err(CniError::new(
             code::TRY_AGAIN_LATER,
             format!("IPAMClaim {name:?} is being deleted, and its address with it: pod {pod:?} cannot take it (its VM is going away)"),
         ));
     }
     let Some(vm) = &claim.vm else {
-        return Err(refuse(
+        return Err(CniError::new(
             code::INVALID_CONFIG,
             format!("IPAMClaim {name:?} has no KubeVirt VM as its controller owner: only a VM's launcher pods may use a claim, and pod {pod:?} cannot be shown to be one"),
         ));
     };
     let Some(vmi) = vmi else {
-        return Err(refuse(
+        return Err(CniError::new(
             code::TRY_AGAIN_LATER,
             format!("IPAMClaim {name:?} belongs to VM {vm:?}, which has no VirtualMachineInstance now: pod {pod:?} is not its launcher"),
         ));
     };
     if !vmi.active_pods.contains(pod_uid) {
-        return Err(refuse(
+        return Err(CniError::new(
             code::TRY_AGAIN_LATER,
             format!("pod {pod:?} is not (or not yet) one of VirtualMachineInstance {vm:?}'s active pods (its status.activePods, written by virt-controller), so it may not use IPAMClaim {name:?}: only that VM's launcher pods may"),
         ));
