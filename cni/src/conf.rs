@@ -34,6 +34,10 @@ pub struct CommonConf {
     pub prev_result: Option<Value>,
     pub log_file: Option<PathBuf>,
     pub log_level: LogLevel,
+    /// The NAD's top-level `allowPersistentIPs` (kubevirt/ipam-extensions,
+    /// `keys::KUBEVIRT_KEYS`): the IPAM then honours the pod's
+    /// `ipam-claim-reference`.
+    pub allow_persistent_ips: bool,
 }
 
 #[derive(Deserialize)]
@@ -50,6 +54,8 @@ struct RawConf {
     prev_result: Option<Value>,
     log_file: Option<String>,
     log_level: Option<String>,
+    #[serde(rename = "allowPersistentIPs")]
+    allow_persistent_ips: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -173,6 +179,7 @@ impl CommonConf {
             prev_result: raw.prev_result.filter(|v| !v.is_null()),
             log_file: raw.log_file.filter(|f| !f.is_empty()).map(PathBuf::from),
             log_level: LogLevel::parse(raw.log_level.as_deref().unwrap_or("info"))?,
+            allow_persistent_ips: raw.allow_persistent_ips.unwrap_or(false),
         };
         Ok((conf, value))
     }

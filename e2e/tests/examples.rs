@@ -222,6 +222,17 @@ fn rbac_is_least_privilege() {
             ("".into(), "nodes".into(), s(&["get"])),
             ("".into(), "pods".into(), s(&["get"])),
             ("apps".into(), "statefulsets".into(), s(&["get"])),
+            ("k8s.cni.cncf.io".into(), "ipamclaims".into(), s(&["get"])),
+            (
+                "k8s.cni.cncf.io".into(),
+                "ipamclaims/status".into(),
+                s(&["update"])
+            ),
+            (
+                "kubevirt.io".into(),
+                "virtualmachineinstances".into(),
+                s(&["get"])
+            ),
             (
                 "sticky-macvlan.io".into(),
                 "ipclaims".into(),
@@ -308,6 +319,10 @@ fn kube_calls_in_the_client() -> Vec<(String, String)> {
             "ipclaims"
         } else if method.contains("self.locks()") {
             "iplocks"
+        } else if method.contains("\"IPAMClaim\"") {
+            "ipamclaims"
+        } else if method.contains("\"VirtualMachineInstance\"") {
+            "virtualmachineinstances"
         } else {
             panic!(
                 "a KubeApi method whose resource this test cannot tell: {}",
@@ -323,11 +338,13 @@ fn kube_calls_in_the_client() -> Vec<(String, String)> {
             ("api.delete(", "delete"),
             ("api.patch(", "patch"),
             ("api.watch(", "watch"),
-            ("api.replace_status(", "update"),
         ] {
             if method.contains(call) {
                 calls.insert((resource.to_string(), verb.to_string()));
             }
+        }
+        if method.contains("api.replace_status(") {
+            calls.insert((format!("{resource}/status"), "update".to_string()));
         }
     }
     calls.into_iter().collect()

@@ -15,12 +15,29 @@
 //! asks for. Multus (v4.3.0) does not pass the reference on to a delegate,
 //! so the IPAM reads it from the pod it already GETs.
 //!
-//! Not wired into ADD yet: see ARCHITECTURE.md, "IPAMClaims".
+//! ADD reads the claim and the VMI (`cni_ipam`), reconcile frees the
+//! address once the claim is gone (`retired`); see ARCHITECTURE.md,
+//! "IPAMClaims".
 
 use std::collections::BTreeSet;
 
 use cni::{code, CniError, Refusal};
 use serde_json::{json, Value};
+
+use crate::claim::{Owner, Retention, RetentionPolicy};
+
+/// The API group and version of `IPAMClaim` (ipamclaims v0.5.1-alpha,
+/// `pkg/crd/ipamclaims/v1alpha1`).
+pub const GROUP: &str = "k8s.cni.cncf.io";
+pub const VERSION: &str = "v1alpha1";
+pub const PLURAL: &str = "ipamclaims";
+/// KubeVirt's VirtualMachineInstance (kubevirt.io/api v1.4.0, `core/v1`).
+pub const VMI_GROUP: &str = "kubevirt.io";
+pub const VMI_VERSION: &str = "v1";
+pub const VMI_PLURAL: &str = "virtualmachineinstances";
+/// The `Owner::kind` of an IPAMClaim identity's claims: the address lives
+/// as long as the IPAMClaim object of that UID.
+pub const OWNER_KIND: &str = "IPAMClaim.k8s.cni.cncf.io";
 
 /// The pod annotation Multus reads the additional networks from.
 pub const NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";
@@ -49,6 +66,61 @@ pub mod reason {
 /// contains ':'.
 pub fn identity_key(namespace: &str, claim: &str) -> String {
     format!("ipamclaim:{namespace}/{claim}")
+}
+
+/// The owner recorded on the claims of `claim`'s identity: reconcile frees
+/// them once that IPAMClaim (that UID) is gone, whatever happened to pods.
+pub fn owner(namespace: &str, claim: &ClaimFacts) -> Owner {
+    Owner {
+        kind: OWNER_KIND.to_string(),
+        namespace: namespace.to_string(),
+        name: claim.name.clone(),
+        uid: claim.uid.clone(),
+        retention: Retention {
+            when_scaled: RetentionPolicy::Retain,
+            when_deleted: RetentionPolicy::Delete,
+        },
+    }
+}
+
+/// What the API said of the IPAMClaim an `Owner` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimState<'a> {
+    Present {
+        uid: &'a str,
+    },
+    Missing,
+    /// The API did not answer, or refused: nothing is freed on a guess.
+    Unknown,
+}
+
+/// Why the address of an IPAMClaim identity may go back to the pool: its
+/// IPAMClaim was deleted, or deleted and re-created (a new UID: another VM
+/// of the same name, which gets an address of its own). None while the
+/// claim exists, even while it is being deleted: ipam-extensions' finalizer
+/// holds it until the VM is gone, and the address is kept that long.
+pub fn retired(owner: &Owner, state: ClaimState<'_>) -> Option<String> {
+    if owner.kind != OWNER_KIND {
+        return None;
+    }
+    let what = format!("IPAMClaim {}/{}", owner.namespace, owner.name);
+    match state {
+        ClaimState::Unknown => None,
+        ClaimState::Missing => Some(format!("its {what} was deleted")),
+        ClaimState::Present { uid } if !owner.uid.is_empty() && uid != owner.uid => {
+            Some(format!("its {what} was deleted and re-created"))
+        }
+        ClaimState::Present { .. } => None,
+    }
+}
+
+/// The refusal for a reference to an IPAMClaim the API does not have:
+/// ipam-extensions creates it with the VM, so kubelet's retry may find it.
+pub fn missing(namespace: &str, name: &str, pod: &str) -> CniError {
+    CniError::new(
+        code::TRY_AGAIN_LATER,
+        format!("pod {pod:?} references IPAMClaim {namespace}/{name} ({CLAIM_REFERENCE_KEY}), which does not exist: kubelet retries; if it stays missing, check that kubevirt/ipam-extensions runs and that the NAD has \"allowPersistentIPs\": true"),
+    )
 }
 
 /// The IPAMClaim this attachment's element of the pod's networks

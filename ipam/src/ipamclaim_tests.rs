@@ -340,3 +340,38 @@ fn the_status_keeps_its_addresses_on_failure_and_its_transition_time_while_uncha
     assert_eq!(kept["conditions"][0]["type"], "Other");
     assert_eq!(kept["conditions"][1]["type"], "IPsAllocated");
 }
+
+#[test]
+fn an_ipamclaims_address_is_retired_only_once_that_claim_is_gone() {
+    let facts = ClaimFacts {
+        name: "vm1.phys".into(),
+        uid: "uid-1".into(),
+        network: "phys".into(),
+        deleting: false,
+        vm: Some("vm1".into()),
+    };
+    let mine = owner("vms", &facts);
+    let cases: &[(ClaimState, Option<&str>)] = &[
+        (ClaimState::Present { uid: "uid-1" }, None),
+        // A new VM of the same name has a new claim: the old address goes.
+        (
+            ClaimState::Present { uid: "uid-2" },
+            Some("its IPAMClaim vms/vm1.phys was deleted and re-created"),
+        ),
+        (
+            ClaimState::Missing,
+            Some("its IPAMClaim vms/vm1.phys was deleted"),
+        ),
+        // No answer, or RBAC without `get ipamclaims`: nothing on a guess.
+        (ClaimState::Unknown, None),
+    ];
+    for (state, want) in cases {
+        assert_eq!(retired(&mine, *state).as_deref(), *want, "{state:?}");
+    }
+    // A StatefulSet owner is retention's business, never this one's.
+    let set = Owner {
+        kind: crate::pod::STATEFUL_SET.into(),
+        ..mine
+    };
+    assert_eq!(retired(&set, ClaimState::Missing), None);
+}

@@ -185,6 +185,24 @@ mod tests {
                 "ipam.reservations",
             ),
             ("db/sq-0", ArgsCni, &[], Some("db"), true, ""),
+            // An IPAMClaim's identity named by hand in cni-args belongs to
+            // no namespace a pod can be in, its own included.
+            (
+                "ipamclaim:vms/vm1.phys",
+                ArgsCni,
+                &[],
+                Some("vms"),
+                false,
+                "names namespace \"ipamclaim:vms\"",
+            ),
+            (
+                "ipamclaim:vms/vm1.phys",
+                IpamClaim,
+                &[],
+                Some("vms"),
+                true,
+                "",
+            ),
             // Derived keys are the caller's own namespace by construction.
             ("db/sq-0", StatefulSet, &[], Some("db"), true, ""),
             // No '/': no namespace named.

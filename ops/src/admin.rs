@@ -158,11 +158,17 @@ impl AdminApi for KubeClient {
             ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
         };
         let api: Api<SelfSubjectAccessReview> = Api::all(self.kube());
+        // "ipamclaims/status" is a subresource to the review, as to RBAC.
+        let (resource, subresource) = p
+            .resource
+            .split_once('/')
+            .map_or((p.resource, None), |(r, s)| (r, Some(s.to_string())));
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
                 resource_attributes: Some(ResourceAttributes {
                     group: Some(p.group.into()),
-                    resource: Some(p.resource.into()),
+                    resource: Some(resource.into()),
+                    subresource,
                     verb: Some(p.verb.into()),
                     ..ResourceAttributes::default()
                 }),

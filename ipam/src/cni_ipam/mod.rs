@@ -19,6 +19,7 @@ use crate::engine::{
 };
 use crate::events::{self, GrantNote, PodEvent};
 use crate::identity::{self, Identity};
+use crate::ipamclaim;
 use crate::kube::{ApiError, KubeApi};
 use crate::liveness::{Caller, NodeFacts};
 use crate::pod::PodFacts;
@@ -29,6 +30,7 @@ use crate::store::{api_unreachable, ClaimStore, Plan, PlanError, PlanResult, Sto
 use crate::system::{netns_id, node_facts};
 
 mod del_check_gc;
+mod ipam_claims;
 
 /// One invocation's view of the attachment.
 #[derive(Debug, Clone)]
@@ -41,6 +43,9 @@ pub struct Attachment {
     /// `args.cni` from the config.
     pub args_cni: Map<String, Value>,
     pub runtime_ips: Vec<String>,
+    /// The network's `allowPersistentIPs`: the pod's `ipam-claim-reference`
+    /// names its identity.
+    pub persistent_ips: bool,
 }
 
 pub struct StickyIpam {
@@ -51,6 +56,9 @@ pub struct StickyIpam {
     backend: Backend,
     /// The holder the last ADD was for: whom a refusal's Event is about.
     caller: Option<Holder>,
+    /// The IPAMClaim the last ADD was bound to: whose status tells its
+    /// outcome.
+    claim: Option<ipam_claims::AdmittedClaim>,
 }
 
 /// An ADD resolved and validated (identity, requested addresses) before
@@ -65,6 +73,7 @@ pub struct PreparedAdd {
     /// holder has the same name (a StatefulSet pod), this answers its
     /// liveness without a second GET.
     pod: Option<PodFacts>,
+    claim: Option<ipam_claims::AdmittedClaim>,
 }
 
 /// What an ADD granted and wrote: the result to answer, what decides
@@ -108,6 +117,7 @@ impl Attachment {
             args: env.args.clone(),
             args_cni: conf.args_cni.clone(),
             runtime_ips: conf.runtime_ips.clone(),
+            persistent_ips: conf.allow_persistent_ips,
         }
     }
 }
@@ -152,6 +162,9 @@ impl StickyIpam {
     /// Validates the `ipam` section of `network` up front.
     pub fn new(network: &str, ipam: &Value, at: Attachment) -> CniResult<StickyIpam> {
         let conf = IpamConfig::parse(network, ipam)?;
+        if at.persistent_ips {
+            ipam_claims::refuse_persistent_ips_without_claims(&conf)?;
+        }
         let node = node_facts(node_name(&conf).as_deref());
         let backend = Backend::for_config(&conf);
         Ok(StickyIpam {
@@ -160,6 +173,7 @@ impl StickyIpam {
             node,
             backend,
             caller: None,
+            claim: None,
         })
     }
 
@@ -205,14 +219,18 @@ impl StickyIpam {
     fn request(&self) -> CniResult<PreparedAdd> {
         let args = CniArgs::parse(&self.at.args)?;
         let (pod, unreachable) = self.pod_for_identity(&args)?;
-        let identity = identity::resolve(
-            &self.conf,
-            &self.at.args_cni,
-            &args,
-            &self.at.container_id,
-            &self.at.ifname,
-            pod.as_ref(),
-        )?;
+        let claim = self.ipam_claim(&args, pod.as_ref())?;
+        let identity = match &claim {
+            Some(c) => identity::for_ipam_claim(&self.at.args_cni, &c.namespace, &c.facts)?,
+            None => identity::resolve(
+                &self.conf,
+                &self.at.args_cni,
+                &args,
+                &self.at.container_id,
+                &self.at.ifname,
+                pod.as_ref(),
+            )?,
+        };
         let now = now_secs();
         let req = AddRequest {
             requested: requested_ips(&self.at, &args)?,
@@ -238,6 +256,7 @@ impl StickyIpam {
             req,
             unreachable,
             pod,
+            claim,
         })
     }
 
@@ -246,13 +265,15 @@ impl StickyIpam {
     /// args.cni nor the config names the identity. The second value says
     /// why the API did not answer, if it did not.
     fn pod_for_identity(&self, args: &CniArgs) -> CniResult<(Option<PodFacts>, Option<String>)> {
-        if self
+        // With allowPersistentIPs the pod is read anyway: its element may
+        // reference an IPAMClaim, which a cni-args identity contradicts.
+        let named = self
             .at
             .args_cni
             .get("identity")
             .is_some_and(|v| !v.is_null())
-            || self.conf.identity.is_some()
-        {
+            || self.conf.identity.is_some();
+        if named && !self.at.persistent_ips {
             return Ok((None, None));
         }
         let (Some(ns), Some(name)) = (args.pod_namespace.clone(), args.pod_name.clone()) else {
@@ -298,8 +319,10 @@ impl StickyIpam {
             req,
             unreachable,
             pod,
+            claim,
         } = prepared;
         self.caller = Some(req.holder.clone());
+        self.claim = claim;
         let _attachment = self.hold_attachment()?;
         let (plan, grants) = match self.add_planned(&req, unreachable, pod) {
             Ok(done) => done,
@@ -369,18 +392,34 @@ impl StickyIpam {
             }
         }
         self.post_events(&granted.events);
+        let ips = granted
+            .output
+            .ips
+            .iter()
+            .map(|ip| ip.address.to_string())
+            .collect();
+        let pod = self
+            .caller
+            .as_ref()
+            .and_then(|c| c.pod_name.clone())
+            .unwrap_or_default();
+        self.write_claim_status(&ipamclaim::Outcome::Allocated { ips, pod });
     }
 
     /// Tells the pod why its ADD was refused, when a person can act on it
     /// (`events::for_refusal`): called for the IPAM's own refusals, and by
     /// the plugin for the wire's.
-    pub fn report_refusal(&self, err: &CniError) {
+    pub fn report_refusal(&mut self, err: &CniError) {
         let Some(caller) = &self.caller else {
             return;
         };
         if let Some(event) = events::for_refusal(caller, &self.conf.network, err) {
             self.post_events(&[event]);
         }
+        self.write_claim_status(&ipamclaim::Outcome::Failed {
+            reason: ipamclaim::failure_reason(err),
+            message: err.msg.clone(),
+        });
     }
 
     /// Best effort, kubernetes store only: a lost Event is logged, never an

@@ -17,6 +17,9 @@ pub struct FakeApi {
     pub nodes: RefCell<BTreeMap<String, ClusterNode>>,
     pub stateful_sets: RefCell<BTreeMap<String, crate::retention::StatefulSetFacts>>,
     pub events: RefCell<Vec<crate::events::PodEvent>>,
+    /// IPAMClaim objects by "namespace/name", as JSON.
+    pub ipam_claims: RefCell<BTreeMap<String, serde_json::Value>>,
+    pub vmis: RefCell<BTreeMap<String, crate::ipamclaim::VmiFacts>>,
     /// Every call, as "verb target".
     pub calls: RefCell<Vec<String>>,
     /// The next N writes answer 409 without applying.
@@ -417,5 +420,45 @@ impl KubeApi for FakeApi {
         ))?;
         self.events.borrow_mut().push(event.clone());
         Ok(())
+    }
+
+    fn get_ipam_claim(&self, namespace: &str, name: &str) -> ApiResult<Option<serde_json::Value>> {
+        let key = format!("{namespace}/{name}");
+        self.record(format!("get ipamclaim {key}"))?;
+        Ok(self.ipam_claims.borrow().get(&key).cloned())
+    }
+
+    fn replace_ipam_claim_status(
+        &self,
+        namespace: &str,
+        claim: &serde_json::Value,
+    ) -> ApiResult<()> {
+        let name = claim["metadata"]["name"].as_str().unwrap_or_default();
+        let key = format!("{namespace}/{name}");
+        self.record(format!("update ipamclaim/status {key}"))?;
+        self.injected()?;
+        let mut claims = self.ipam_claims.borrow_mut();
+        let Some(cur) = claims.get_mut(&key) else {
+            return Err(ApiError::Conflict(format!("IPAMClaim {key} is gone")));
+        };
+        let version = &cur["metadata"]["resourceVersion"];
+        if claim["metadata"]["resourceVersion"] != *version {
+            return Err(ApiError::Conflict(format!("IPAMClaim {key} changed")));
+        }
+        let next = self.revision.get() + 1;
+        self.revision.set(next);
+        cur["status"] = claim["status"].clone();
+        cur["metadata"]["resourceVersion"] = serde_json::json!(next.to_string());
+        Ok(())
+    }
+
+    fn get_vmi(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> ApiResult<Option<crate::ipamclaim::VmiFacts>> {
+        let key = format!("{namespace}/{name}");
+        self.record(format!("get vmi {key}"))?;
+        Ok(self.vmis.borrow().get(&key).cloned())
     }
 }

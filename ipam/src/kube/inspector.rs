@@ -180,6 +180,21 @@ pub fn owner_state(found: Lookup<StatefulSetFacts>) -> OwnerState {
 
 impl Inspector for KubeInspector<'_> {
     fn owner_retired(&self, owner: &Owner, identity: &str) -> Option<String> {
+        if owner.kind == crate::ipamclaim::OWNER_KIND {
+            use crate::ipamclaim::{retired, ClaimState};
+            let found = self.api.get_ipam_claim(&owner.namespace, &owner.name);
+            let uid = |o: &serde_json::Value| o["metadata"]["uid"].as_str().map(str::to_string);
+            return match found {
+                Ok(Some(obj)) => retired(
+                    owner,
+                    ClaimState::Present {
+                        uid: uid(&obj).as_deref().unwrap_or_default(),
+                    },
+                ),
+                Ok(None) => retired(owner, ClaimState::Missing),
+                Err(_) => retired(owner, ClaimState::Unknown),
+            };
+        }
         // Only an apps/v1 StatefulSet is asked about: a GET of another
         // kind's name as a StatefulSet would say "missing".
         if owner.kind != crate::pod::STATEFUL_SET {
@@ -541,5 +556,38 @@ mod tests {
         // Not adopted (still the old set's, or no pod): a re-creation.
         assert!(inspector.owner_retired(&old, "db/db-1").is_some());
         assert!(inspector.owner_retired(&old, "db/db-5").is_some());
+    }
+
+    #[test]
+    fn an_ipamclaim_owner_is_asked_about_as_an_ipamclaim_and_kept_while_the_api_is_silent() {
+        let api = crate::kube::fake::FakeApi::default();
+        let me = NodeFacts {
+            node: "node1".into(),
+            boot_id: "b".into(),
+        };
+        let inspector = KubeInspector::new(&api, me);
+        let facts = crate::ipamclaim::ClaimFacts {
+            name: "vm1.phys".into(),
+            uid: "uid-1".into(),
+            network: "phys".into(),
+            deleting: false,
+            vm: Some("vm1".into()),
+        };
+        let owner = crate::ipamclaim::owner("vms", &facts);
+        let identity = "ipamclaim:vms/vm1.phys";
+        api.ipam_claims.borrow_mut().insert(
+            "vms/vm1.phys".into(),
+            serde_json::json!({"metadata": {"name": "vm1.phys", "uid": "uid-1"}}),
+        );
+        assert_eq!(inspector.owner_retired(&owner, identity), None);
+        assert_eq!(api.count("get ipamclaim vms/vm1.phys"), 1);
+        assert_eq!(api.count("get statefulset"), 0);
+        api.unreachable.set(true);
+        api.ipam_claims.borrow_mut().clear();
+        assert_eq!(inspector.owner_retired(&owner, identity), None);
+        api.unreachable.set(false);
+        assert!(inspector
+            .owner_retired(&owner, identity)
+            .is_some_and(|why| why.contains("IPAMClaim vms/vm1.phys was deleted")));
     }
 }

@@ -230,6 +230,20 @@ pub trait KubeApi {
     /// Posts an Event on the pod; best effort, so the real client bounds it
     /// by its own short deadline rather than the store's timeout.
     fn post_event(&self, event: &crate::events::PodEvent) -> ApiResult<()>;
+    /// The `IPAMClaim` object as the API gave it (its status is rewritten
+    /// from it, so it is kept whole), None when there is none (or no CRD).
+    fn get_ipam_claim(&self, namespace: &str, name: &str) -> ApiResult<Option<serde_json::Value>>;
+    /// Replaces the `IPAMClaim`'s status subresource with `claim`'s, at its
+    /// `metadata.resourceVersion`: a conflict when it changed since.
+    fn replace_ipam_claim_status(
+        &self,
+        namespace: &str,
+        claim: &serde_json::Value,
+    ) -> ApiResult<()>;
+    /// What the IPAM reads of KubeVirt's VirtualMachineInstance, None when
+    /// there is none (or no CRD).
+    fn get_vmi(&self, namespace: &str, name: &str)
+        -> ApiResult<Option<crate::ipamclaim::VmiFacts>>;
 }
 
 /// One thing the plugin asks of the API server: what deploy/20-rbac.yaml
@@ -281,6 +295,13 @@ pub const PLUGIN_ACCESS: &[Permission] = &[
     grant("", "events", "get"),
     grant("", "events", "patch"),
     grant("apps", "statefulsets", "get"),
+    grant(crate::ipamclaim::GROUP, crate::ipamclaim::PLURAL, "get"),
+    grant(crate::ipamclaim::GROUP, "ipamclaims/status", "update"),
+    grant(
+        crate::ipamclaim::VMI_GROUP,
+        crate::ipamclaim::VMI_PLURAL,
+        "get",
+    ),
 ];
 
 fn hex(bytes: &[u8], n: usize) -> String {

@@ -7,7 +7,9 @@ use std::net::IpAddr;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
+};
 
 use super::facts::{cluster_node, pod_facts, stateful_set_facts};
 use super::{classify, collection_error, KubeClient, EVENT_COMPONENT, EVENT_DEADLINE};
@@ -17,6 +19,32 @@ use crate::kube::crd::{from_lock, from_object, to_lock, to_object, IPClaim};
 use crate::kube::{lock_name, ApiError, ApiResult, ClaimObject, ClusterNode, KubeApi, LockObject};
 use crate::pod::PodFacts;
 use crate::retention::StatefulSetFacts;
+
+/// A dynamic object as the JSON the pure layer reads.
+fn as_json(what: &str, o: &DynamicObject) -> ApiResult<serde_json::Value> {
+    serde_json::to_value(o).map_err(|e| ApiError::Refused(format!("{what}: {e}")))
+}
+
+impl KubeClient {
+    /// A namespaced resource of a CRD this crate has no type for.
+    fn dynamic(
+        &self,
+        namespace: &str,
+        group: &str,
+        version: &str,
+        kind: &str,
+        plural: &str,
+    ) -> Api<DynamicObject> {
+        let resource = ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: format!("{group}/{version}"),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        Api::namespaced_with(self.client.clone(), namespace, &resource)
+    }
+}
 
 fn decoded(o: &IPClaim) -> ApiResult<ClaimObject> {
     from_object(o).map_err(ApiError::Refused)
@@ -239,6 +267,52 @@ impl KubeApi for KubeClient {
             api.get(name),
         )?;
         Ok(set.map(|s| stateful_set_facts(&s)))
+    }
+
+    fn get_ipam_claim(&self, namespace: &str, name: &str) -> ApiResult<Option<serde_json::Value>> {
+        use crate::ipamclaim::{GROUP, PLURAL, VERSION};
+        let api = self.dynamic(namespace, GROUP, VERSION, "IPAMClaim", PLURAL);
+        let what = format!("get ipamclaim {namespace}/{name}");
+        self.get_opt(&what, api.get(name))?
+            .map(|o| as_json(&what, &o))
+            .transpose()
+    }
+
+    fn replace_ipam_claim_status(
+        &self,
+        namespace: &str,
+        claim: &serde_json::Value,
+    ) -> ApiResult<()> {
+        use crate::ipamclaim::{GROUP, PLURAL, VERSION};
+        let api = self.dynamic(namespace, GROUP, VERSION, "IPAMClaim", PLURAL);
+        let name = claim["metadata"]["name"].as_str().unwrap_or_default();
+        let what = format!("update ipamclaim/status {namespace}/{name}");
+        let object: DynamicObject = serde_json::from_value(claim.clone())
+            .map_err(|e| ApiError::Refused(format!("{what}: {e}")))?;
+        self.run(
+            &what,
+            api.replace_status(name, &PostParams::default(), &object),
+        )
+        .map(drop)
+    }
+
+    fn get_vmi(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> ApiResult<Option<crate::ipamclaim::VmiFacts>> {
+        use crate::ipamclaim::{VmiFacts, VMI_GROUP, VMI_PLURAL, VMI_VERSION};
+        let api = self.dynamic(
+            namespace,
+            VMI_GROUP,
+            VMI_VERSION,
+            "VirtualMachineInstance",
+            VMI_PLURAL,
+        );
+        let what = format!("get vmi {namespace}/{name}");
+        self.get_opt(&what, api.get(name))?
+            .map(|o| as_json(&what, &o).map(|v| VmiFacts::parse(&v)))
+            .transpose()
     }
 
     fn post_event(&self, event: &PodEvent) -> ApiResult<()> {
