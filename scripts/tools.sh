@@ -29,3 +29,18 @@ if [ ! -f "$out/images/pause.tar" ] || [ "$(cat "$out/images/pause.stamp" 2>/dev
     rm -rf "$rootfs"
     echo "$want" >"$out/images/pause.stamp"
 fi
+
+# The CRDs of the IPAMClaim tests: KubeVirt's VirtualMachineInstance and
+# VirtualMachine as its virt-operator generates them, and the IPAMClaim CRD
+# the pinned ipamclaims module ships (e2e/tools/kubevirt/go.mod).
+want=$(stamp e2e/tools/kubevirt/go.mod e2e/tools/kubevirt/go.sum e2e/tools/kubevirt/main.go)
+if [ ! -s "$out/crds/kubevirt.yaml" ] || [ "$(cat "$out/crds/stamp" 2>/dev/null)" != "$want" ]; then
+    echo "generating KubeVirt's CRDs and the IPAMClaim CRD from e2e/tools/kubevirt/go.mod"
+    mkdir -p "$out/crds"
+    (cd e2e/tools/kubevirt && go build -trimpath -o ../../../"$out/kubevirt-crds" .)
+    "$out/kubevirt-crds" >"$out/crds/kubevirt.yaml.new"
+    mv "$out/crds/kubevirt.yaml.new" "$out/crds/kubevirt.yaml"
+    ipamclaims=$(cd e2e/tools/kubevirt && go list -m -f '{{.Dir}}' github.com/k8snetworkplumbingwg/ipamclaims)
+    install -m 644 "$ipamclaims/artifacts/k8s.cni.cncf.io_ipamclaims.yaml" "$out/crds/ipamclaims.yaml"
+    echo "$want" >"$out/crds/stamp"
+fi

@@ -68,17 +68,25 @@ fn add_nodes(api: &ApiServer, nodes: usize) {
 }
 
 fn cli_on_node1(topo: &Topology, api: &ApiServer, args: &[&str]) -> (bool, String) {
-    // The CLI runs beside node1's pods and sees their netns paths: this
-    // machine is node1, as the installer's nodename file beside the
+    cli_on_node(topo, api, 0, args)
+}
+
+/// The CLI on test node `node` (0-based).
+fn cli_on_node(topo: &Topology, api: &ApiServer, node: usize, args: &[&str]) -> (bool, String) {
+    // The CLI runs beside the node's pods and sees their netns paths: this
+    // machine is that node, as the installer's nodename file beside the
     // plugin's kubeconfig says on a real node (`--node` counts only there).
-    std::fs::write(api.kubeconfig.with_file_name("nodename"), api.node(1))
-        .expect("write the nodename file");
+    std::fs::write(
+        api.kubeconfig.with_file_name("nodename"),
+        api.node(node + 1),
+    )
+    .expect("write the nodename file");
     let out = Command::new("ip")
-        .args(["netns", "exec", &topo.node(0).netns])
+        .args(["netns", "exec", &topo.node(node).netns])
         .arg(our_plugin())
         .args(args)
         .args(["--kubeconfig".as_ref(), api.kubeconfig.as_os_str()])
-        .args(["--node", &api.node(1)])
+        .args(["--node", &api.node(node + 1)])
         .env_remove("CNI_COMMAND")
         .output()
         .expect("run the CLI");
@@ -113,6 +121,7 @@ fn neighbour_mac(netns: &str, ip: &str) -> Option<String> {
 
 mod concurrency;
 mod failures;
+mod ipamclaims;
 mod node_scope;
 mod operations;
 mod split_brain;
