@@ -162,9 +162,6 @@ impl StickyIpam {
     /// Validates the `ipam` section of `network` up front.
     pub fn new(network: &str, ipam: &Value, at: Attachment) -> CniResult<StickyIpam> {
         let conf = IpamConfig::parse(network, ipam)?;
-        if at.persistent_ips {
-            ipam_claims::refuse_persistent_ips_without_claims(&conf)?;
-        }
         let node = node_facts(node_name(&conf).as_deref());
         let backend = Backend::for_config(&conf);
         Ok(StickyIpam {
@@ -218,6 +215,10 @@ impl StickyIpam {
 
     fn request(&self) -> CniResult<PreparedAdd> {
         let args = CniArgs::parse(&self.at.args)?;
+        // ADD only: a DEL under the same config must still release.
+        if self.at.persistent_ips {
+            ipam_claims::refuse_persistent_ips_without_claims(&self.conf)?;
+        }
         let (pod, unreachable) = self.pod_for_identity(&args)?;
         let claim = self.ipam_claim(&args, pod.as_ref())?;
         let identity = match &claim {
