@@ -15,7 +15,7 @@
 //! asks for. Multus (v4.3.0) does not pass the reference on to a delegate,
 //! so the IPAM reads it from the pod it already GETs.
 //!
-//! ADD reads the claim and the VMI (`cni_ipam`), reconcile frees the
+//! ADD reads the claim and the VMI (`cni_ipam::ipam_claims`), reconcile frees the
 //! address once the claim is gone (`retired`); see ARCHITECTURE.md,
 //! "IPAMClaims".
 
