@@ -192,7 +192,13 @@ impl Inspector for KubeInspector<'_> {
                     },
                 ),
                 Ok(None) => retired(owner, ClaimState::Missing),
-                Err(_) => retired(owner, ClaimState::Unknown),
+                Err(e) => {
+                    cni::log::warn(&format!(
+                        "IPAMClaim {}/{} could not be read ({e}): the address of identity {identity:?} is kept until it can be",
+                        owner.namespace, owner.name
+                    ));
+                    retired(owner, ClaimState::Unknown)
+                }
             };
         }
         // Only an apps/v1 StatefulSet is asked about: a GET of another

@@ -243,6 +243,35 @@ impl KubeClient {
         }
     }
 
+    /// `get_opt` for an object of a CRD: only a 404 naming the object
+    /// means "not there". A 404 for the resource itself (its CRD not
+    /// installed, or not served at this version) says nothing of the
+    /// object, and freeing what it owns on that would free them all.
+    pub fn get_crd_object_opt<T>(
+        &self,
+        what: &str,
+        name: &str,
+        fut: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> ApiResult<Option<T>> {
+        match self.bounded(what, fut)? {
+            Ok(v) => Ok(Some(v)),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                if s.details.as_ref().is_some_and(|d| d.name == name) {
+                    Ok(None)
+                } else {
+                    Err(ApiError::Refused(format!(
+                        "{what}: the API server does not serve the resource ({}): is its CRD installed?",
+                        s.message
+                    )))
+                }
+            }
+            Err(e) => Err(match classify(what, &self.server, e) {
+                ApiError::Conflict(m) => ApiError::Refused(m),
+                other => other,
+            }),
+        }
+    }
+
     fn claims(&self) -> Api<IPClaim> {
         Api::all(self.client.clone())
     }

@@ -273,7 +273,7 @@ impl KubeApi for KubeClient {
         use crate::ipamclaim::{GROUP, PLURAL, VERSION};
         let api = self.dynamic(namespace, GROUP, VERSION, "IPAMClaim", PLURAL);
         let what = format!("get ipamclaim {namespace}/{name}");
-        self.get_opt(&what, api.get(name))?
+        self.get_crd_object_opt(&what, name, api.get(name))?
             .map(|o| as_json(&what, &o))
             .transpose()
     }
@@ -310,7 +310,7 @@ impl KubeApi for KubeClient {
             VMI_PLURAL,
         );
         let what = format!("get vmi {namespace}/{name}");
-        self.get_opt(&what, api.get(name))?
+        self.get_crd_object_opt(&what, name, api.get(name))?
             .map(|o| as_json(&what, &o).map(|v| VmiFacts::parse(&v)))
             .transpose()
     }
