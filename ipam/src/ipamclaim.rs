@@ -96,9 +96,11 @@ pub enum ClaimState<'a> {
 
 /// Why the address of an IPAMClaim identity may go back to the pool: its
 /// IPAMClaim was deleted, or deleted and re-created (a new UID: another VM
-/// of the same name, which gets an address of its own). None while the
-/// claim exists, even while it is being deleted: ipam-extensions' finalizer
-/// holds it until the VM is gone, and the address is kept that long.
+/// of the same name; if its launcher's ADD comes first, it takes the
+/// identity's address over, once the old holder is dead, and records the
+/// new UID). None while the claim exists, even while it is being deleted:
+/// ipam-extensions' finalizer holds it until the VM is gone, and the
+/// address is kept that long.
 pub fn retired(owner: &Owner, state: ClaimState<'_>) -> Option<String> {
     if owner.kind != OWNER_KIND {
         return None;
@@ -205,12 +207,21 @@ impl ClaimFacts {
 
 /// What the IPAM needs of a VirtualMachineInstance: the pods
 /// virt-controller counts as the VMI's (`status.activePods`, pod UID to
-/// node), which a pod author cannot write, unlike a pod's labels or owner
-/// references.
+/// node), and the pods an unfinished live migration names.
+///
+/// virt-controller counts every pod of the namespace whose controller
+/// owner reference is the VMI (kubevirt v1.4.0, `setActivePods`), and a
+/// pod author can write that reference. So a second active pod is taken
+/// for a launcher only when a migration names it: a pod posing as the
+/// VM's while its launcher runs is refused, and the namespace stays the
+/// boundary no pod author can cross (the claim is read from the pod's own).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VmiFacts {
     pub name: String,
     pub active_pods: BTreeSet<String>,
+    /// `status.migrationState`'s `sourcePod` and `targetPod` while it is
+    /// neither completed nor failed.
+    pub migration_pods: BTreeSet<String>,
 }
 
 impl VmiFacts {
@@ -224,11 +235,26 @@ impl VmiFacts {
                 .as_object()
                 .map(|m| m.keys().cloned().collect())
                 .unwrap_or_default(),
+            migration_pods: migration_pods(&obj["status"]["migrationState"]),
         }
     }
 }
 
-/// Whether the pod (`pod_uid`, `pod`) may use IPAMClaim `claim` on
+fn migration_pods(state: &Value) -> BTreeSet<String> {
+    let over =
+        state["completed"].as_bool() == Some(true) || state["failed"].as_bool() == Some(true);
+    if over {
+        return BTreeSet::new();
+    }
+    ["sourcePod", "targetPod"]
+        .iter()
+        .filter_map(|k| state[*k].as_str())
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether the pod (`pod_uid`, named `pod` in the claim's namespace) may use IPAMClaim `claim` on
 /// network `network`: the claim must be for this network, not being
 /// deleted, owned by a KubeVirt VM, and the pod one of that VM's VMI's
 /// active pods. `vmi` is the VMI of the claim's owner, `None` if the API
@@ -273,6 +299,13 @@ pub fn may_use(
         return Err(CniError::new(
             code::TRY_AGAIN_LATER,
             format!("pod {pod:?} is not (or not yet) one of VirtualMachineInstance {vm:?}'s active pods (its status.activePods, written by virt-controller), so it may not use IPAMClaim {name:?}: only that VM's launcher pods may"),
+        ));
+    }
+    let others = vmi.active_pods.len() - 1;
+    if others > 0 && !vmi.migration_pods.contains(pod) {
+        return Err(CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!("VirtualMachineInstance {vm:?} has {others} active pod(s) besides pod {pod:?}, and no unfinished migration names it: any pod of the namespace can name the VMI as its controller, so pod {pod:?} is not taken for the launcher that may use IPAMClaim {name:?}; look for pods in the namespace that claim the VMI as their controller"),
         ));
     }
     Ok(())

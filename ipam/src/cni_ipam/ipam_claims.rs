@@ -65,7 +65,7 @@ pub fn bind(
         Some(vm) => api.get_vmi(pod.namespace, vm).map_err(api_error)?,
         None => None,
     };
-    ipamclaim::may_use(&facts, network, vmi.as_ref(), &who, pod.uid)?;
+    ipamclaim::may_use(&facts, network, vmi.as_ref(), pod.name, pod.uid)?;
     Ok(Some(AdmittedClaim {
         namespace: pod.namespace.to_string(),
         facts,
@@ -108,6 +108,16 @@ impl StickyIpam {
         ) else {
             return Ok(None);
         };
+        // The annotation read is that of the pod now of this name: a pod
+        // re-created under it is not the one this sandbox is for.
+        if let Some(uid) = args.pod_uid.as_deref() {
+            if !facts.uid.is_empty() && facts.uid != uid {
+                return Err(CniError::new(
+                    cni::code::TRY_AGAIN_LATER,
+                    format!("pod {ns}/{name} in the API (UID {}) is not the pod this sandbox is for (K8S_POD_UID {uid}): it was re-created, so its IPAMClaim reference is not this sandbox's; kubelet retries", facts.uid),
+                ));
+            }
+        }
         let client = self.backend.client().map_err(CniError::from)?;
         let pod = ClaimingPod {
             namespace: ns,
@@ -155,6 +165,14 @@ pub fn write_status(api: &dyn KubeApi, bound: &mut AdmittedClaim, outcome: &Outc
             Err(ApiError::Conflict(why)) => {
                 last = Some(why);
                 match api.get_ipam_claim(&bound.namespace, &bound.facts.name) {
+                    // Another claim of the same name: this pod was
+                    // admitted against the old one, not this.
+                    Ok(Some(fresh))
+                        if fresh["metadata"]["uid"] != bound.object["metadata"]["uid"] =>
+                    {
+                        last = Some("it was deleted and re-created".into());
+                        break;
+                    }
                     Ok(Some(fresh)) => bound.object = fresh,
                     Ok(None) => {
                         last = Some("it was deleted".into());

@@ -50,6 +50,7 @@ fn api_with(claim: Option<Value>, active: &[&str]) -> FakeApi {
         VmiFacts {
             name: "vm1".into(),
             active_pods: active.iter().map(|s| s.to_string()).collect(),
+            ..VmiFacts::default()
         },
     );
     api
@@ -88,10 +89,23 @@ fn a_launcher_pod_of_the_claims_vm_is_bound_and_no_other_pod_is() {
         ),
         (
             "a migration's second pod",
-            api_with(vm_claim(), &["pod-b", "pod-a"]),
+            {
+                let api = api_with(vm_claim(), &["pod-b", "pod-a"]);
+                if let Some(v) = api.vmis.borrow_mut().get_mut(&format!("{NS}/vm1")) {
+                    v.migration_pods.insert("virt-launcher-vm1-abcde".into());
+                }
+                api
+            },
             REFERENCING,
             "pod-a",
             Ok(true),
+        ),
+        (
+            "a second active pod no migration names",
+            api_with(vm_claim(), &["pod-b", "pod-a"]),
+            REFERENCING,
+            "pod-a",
+            Err(cni::code::TRY_AGAIN_LATER),
         ),
         (
             "no reference: not bound, nothing read",
@@ -278,4 +292,17 @@ fn allow_persistent_ips_needs_the_kubernetes_store_and_no_configured_identity() 
             }
         }
     }
+}
+
+#[test]
+fn a_status_write_never_lands_on_a_claim_re_created_under_the_same_name() {
+    let (api, mut bound) = admitted_launcher();
+    {
+        let mut claims = api.ipam_claims.borrow_mut();
+        let c = claims.get_mut(&format!("{NS}/vm1.phys")).unwrap();
+        c["metadata"]["uid"] = json!("uid-of-another-vm");
+        c["metadata"]["resourceVersion"] = json!("9");
+    }
+    write_status(&api, &mut bound, &allocated(), "2026-12-07T10:00:00Z");
+    assert_eq!(stored(&api)["status"], Value::Null);
 }

@@ -417,10 +417,14 @@ impl StickyIpam {
         if let Some(event) = events::for_refusal(caller, &self.conf.network, err) {
             self.post_events(&[event]);
         }
-        self.write_claim_status(&ipamclaim::Outcome::Failed {
-            reason: ipamclaim::failure_reason(err),
-            message: err.msg.clone(),
-        });
+        // Refused because another pod holds the address: the claim's
+        // address is allocated, to that pod, as its status already says.
+        if err.refusal != Some(cni::Refusal::HolderAlive) {
+            self.write_claim_status(&ipamclaim::Outcome::Failed {
+                reason: ipamclaim::failure_reason(err),
+                message: err.msg.clone(),
+            });
+        }
     }
 
     /// Best effort, kubernetes store only: a lost Event is logged, never an
