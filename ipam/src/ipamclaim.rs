@@ -8,12 +8,11 @@
 //!
 //! Only the decisions live here, free of I/O: which element of the pod's
 //! `k8s.v1.cni.cncf.io/networks` annotation is this attachment's, the
-//! identity a claim gives, whether the pod may use the claim (a launcher
-//! pod of the VM that owns it, read from the VMI's status, which only
-//! virt-controller writes), whether two pods may hold it at once (the
-//! source and target of a live migration), and the status the standard
-//! asks for. Multus (v4.3.0) does not pass the reference on to a delegate,
-//! so the IPAM reads it from the pod it already GETs.
+//! identity a claim gives, whether the pod may use the claim (the one
+//! active pod of the VMI of the VM that owns it), when its address is
+//! retired, and the status the standard asks for. Multus (v4.3.0) does
+//! not pass the reference on to a delegate, so the IPAM reads it from the
+//! pod it already GETs.
 //!
 //! ADD reads the claim and the VMI (`cni_ipam::ipam_claims`), reconcile frees the
 //! address once the claim is gone (`retired`); see ARCHITECTURE.md,
@@ -207,21 +206,21 @@ impl ClaimFacts {
 
 /// What the IPAM needs of a VirtualMachineInstance: the pods
 /// virt-controller counts as the VMI's (`status.activePods`, pod UID to
-/// node), and the pods an unfinished live migration names.
+/// node).
 ///
 /// virt-controller counts every pod of the namespace whose controller
 /// owner reference is the VMI (kubevirt v1.4.0, `setActivePods`), and a
-/// pod author can write that reference. So a second active pod is taken
-/// for a launcher only when a migration names it: a pod posing as the
-/// VM's while its launcher runs is refused, and the namespace stays the
-/// boundary no pod author can cross (the claim is read from the pod's own).
+/// pod author can write that reference; and it names a migration's target
+/// pod (`status.migrationState.targetPod`) only at the hand-off, after
+/// that pod is Ready, so after its CNI ADD. So a pod is taken for the
+/// launcher only while it is the one active pod: a pod posing as the VM's
+/// while its launcher runs is refused, and so is a migration target, whose
+/// sharing is not built. The namespace stays the boundary no pod author
+/// can cross (the claim is read from the pod's own).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VmiFacts {
     pub name: String,
     pub active_pods: BTreeSet<String>,
-    /// `status.migrationState`'s `sourcePod` and `targetPod` while it is
-    /// neither completed nor failed.
-    pub migration_pods: BTreeSet<String>,
 }
 
 impl VmiFacts {
@@ -235,23 +234,8 @@ impl VmiFacts {
                 .as_object()
                 .map(|m| m.keys().cloned().collect())
                 .unwrap_or_default(),
-            migration_pods: migration_pods(&obj["status"]["migrationState"]),
         }
     }
-}
-
-fn migration_pods(state: &Value) -> BTreeSet<String> {
-    let over =
-        state["completed"].as_bool() == Some(true) || state["failed"].as_bool() == Some(true);
-    if over {
-        return BTreeSet::new();
-    }
-    ["sourcePod", "targetPod"]
-        .iter()
-        .filter_map(|k| state[*k].as_str())
-        .filter(|p| !p.is_empty())
-        .map(str::to_string)
-        .collect()
 }
 
 /// Whether the pod (`pod_uid`, named `pod` in the claim's namespace) may use IPAMClaim `claim` on
@@ -302,22 +286,13 @@ pub fn may_use(
         ));
     }
     let others = vmi.active_pods.len() - 1;
-    if others > 0 && !vmi.migration_pods.contains(pod) {
+    if others > 0 {
         return Err(CniError::new(
             code::TRY_AGAIN_LATER,
-            format!("VirtualMachineInstance {vm:?} has {others} active pod(s) besides pod {pod:?}, and no unfinished migration names it: any pod of the namespace can name the VMI as its controller, so pod {pod:?} is not taken for the launcher that may use IPAMClaim {name:?}; look for pods in the namespace that claim the VMI as their controller"),
+            format!("VirtualMachineInstance {vm:?} has {others} active pod(s) besides pod {pod:?} (a live migration's other pod, a pod of KubeVirt's that has not gone yet, or a pod that names the VMI as its controller), so pod {pod:?} is not taken for the launcher that may use IPAMClaim {name:?}: sharing a VM's address during a live migration is not supported yet; kubelet retries once the VMI has one active pod"),
         ));
     }
     Ok(())
-}
-
-/// Whether a pod may take the claim's address while `holder_uid` still
-/// holds it: only when both are the VMI's active pods (the source and the
-/// target of a live migration, which share the guest's one address).
-pub fn may_share(vmi: &VmiFacts, holder_uid: &str, pod_uid: &str) -> bool {
-    holder_uid != pod_uid
-        && vmi.active_pods.contains(holder_uid)
-        && vmi.active_pods.contains(pod_uid)
 }
 
 /// The `IPsAllocated` reason for a failed ADD.

@@ -417,8 +417,9 @@ impl StickyIpam {
         if let Some(event) = events::for_refusal(caller, &self.conf.network, err) {
             self.post_events(&[event]);
         }
-        // Refused because another pod holds the address: the claim's
-        // address is allocated, to that pod, as its status already says.
+        // Refused because another pod holds the address: the address is
+        // allocated (to that pod), so the claim's condition is not turned
+        // False; the refused pod is told by its Event.
         if err.refusal != Some(cni::Refusal::HolderAlive) {
             self.write_claim_status(&ipamclaim::Outcome::Failed {
                 reason: ipamclaim::failure_reason(err),
