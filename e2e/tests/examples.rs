@@ -319,9 +319,9 @@ fn kube_calls_in_the_client() -> Vec<(String, String)> {
             "ipclaims"
         } else if method.contains("self.locks()") {
             "iplocks"
-        } else if method.contains("\"IPAMClaim\"") {
+        } else if method.contains("self.ipam_claims(") {
             "ipamclaims"
-        } else if method.contains("\"VirtualMachineInstance\"") {
+        } else if method.contains("self.vmis(") {
             "virtualmachineinstances"
         } else {
             panic!(

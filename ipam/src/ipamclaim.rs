@@ -30,10 +30,12 @@ use crate::claim::{Owner, Retention, RetentionPolicy};
 pub const GROUP: &str = "k8s.cni.cncf.io";
 pub const VERSION: &str = "v1alpha1";
 pub const PLURAL: &str = "ipamclaims";
+pub const KIND: &str = "IPAMClaim";
 /// KubeVirt's VirtualMachineInstance (kubevirt.io/api v1.4.0, `core/v1`).
 pub const VMI_GROUP: &str = "kubevirt.io";
 pub const VMI_VERSION: &str = "v1";
 pub const VMI_PLURAL: &str = "virtualmachineinstances";
+pub const VMI_KIND: &str = "VirtualMachineInstance";
 /// The `Owner::kind` of an IPAMClaim identity's claims: the address lives
 /// as long as the IPAMClaim object of that UID.
 pub const OWNER_KIND: &str = "IPAMClaim.k8s.cni.cncf.io";

@@ -232,15 +232,7 @@ impl KubeClient {
         what: &str,
         fut: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> ApiResult<Option<T>> {
-        match self.bounded(what, fut)? {
-            Ok(v) => Ok(Some(v)),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
-            Err(e) => Err(match classify(what, &self.server, e) {
-                // A 409 on a read is not a write conflict.
-                ApiError::Conflict(m) => ApiError::Refused(m),
-                other => other,
-            }),
-        }
+        self.read_opt(what, fut, |_| true)
     }
 
     /// `get_opt` for an object of a CRD: only a 404 naming the object
@@ -253,19 +245,28 @@ impl KubeClient {
         name: &str,
         fut: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> ApiResult<Option<T>> {
+        self.read_opt(what, fut, |s| {
+            s.details.as_ref().is_some_and(|d| d.name == name)
+        })
+    }
+
+    /// A read whose 404 means "not there" when `names_object` says the
+    /// answer is about the object, else that the resource is not served.
+    fn read_opt<T>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, kube::Error>>,
+        names_object: impl Fn(&kube::core::Status) -> bool,
+    ) -> ApiResult<Option<T>> {
         match self.bounded(what, fut)? {
             Ok(v) => Ok(Some(v)),
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                if s.details.as_ref().is_some_and(|d| d.name == name) {
-                    Ok(None)
-                } else {
-                    Err(ApiError::Refused(format!(
-                        "{what}: the API server does not serve the resource ({}): is its CRD installed?",
-                        s.message
-                    )))
-                }
-            }
+            Err(kube::Error::Api(s)) if s.code == 404 && names_object(&s) => Ok(None),
+            Err(kube::Error::Api(s)) if s.code == 404 => Err(ApiError::Refused(format!(
+                "{what}: the API server does not serve the resource ({}): is its CRD installed?",
+                s.message
+            ))),
             Err(e) => Err(match classify(what, &self.server, e) {
+                // A 409 on a read is not a write conflict.
                 ApiError::Conflict(m) => ApiError::Refused(m),
                 other => other,
             }),

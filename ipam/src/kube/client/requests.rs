@@ -30,10 +30,7 @@ impl KubeClient {
     fn dynamic(
         &self,
         namespace: &str,
-        group: &str,
-        version: &str,
-        kind: &str,
-        plural: &str,
+        (group, version, kind, plural): (&str, &str, &str, &str),
     ) -> Api<DynamicObject> {
         let resource = ApiResource {
             group: group.into(),
@@ -43,6 +40,16 @@ impl KubeClient {
             plural: plural.into(),
         };
         Api::namespaced_with(self.client.clone(), namespace, &resource)
+    }
+
+    fn ipam_claims(&self, namespace: &str) -> Api<DynamicObject> {
+        use crate::ipamclaim::{GROUP, KIND, PLURAL, VERSION};
+        self.dynamic(namespace, (GROUP, VERSION, KIND, PLURAL))
+    }
+
+    fn vmis(&self, namespace: &str) -> Api<DynamicObject> {
+        use crate::ipamclaim::{VMI_GROUP, VMI_KIND, VMI_PLURAL, VMI_VERSION};
+        self.dynamic(namespace, (VMI_GROUP, VMI_VERSION, VMI_KIND, VMI_PLURAL))
     }
 }
 
@@ -270,8 +277,7 @@ impl KubeApi for KubeClient {
     }
 
     fn get_ipam_claim(&self, namespace: &str, name: &str) -> ApiResult<Option<serde_json::Value>> {
-        use crate::ipamclaim::{GROUP, PLURAL, VERSION};
-        let api = self.dynamic(namespace, GROUP, VERSION, "IPAMClaim", PLURAL);
+        let api = self.ipam_claims(namespace);
         let what = format!("get ipamclaim {namespace}/{name}");
         self.get_crd_object_opt(&what, name, api.get(name))?
             .map(|o| as_json(&what, &o))
@@ -283,8 +289,7 @@ impl KubeApi for KubeClient {
         namespace: &str,
         claim: &serde_json::Value,
     ) -> ApiResult<()> {
-        use crate::ipamclaim::{GROUP, PLURAL, VERSION};
-        let api = self.dynamic(namespace, GROUP, VERSION, "IPAMClaim", PLURAL);
+        let api = self.ipam_claims(namespace);
         let name = claim["metadata"]["name"].as_str().unwrap_or_default();
         let what = format!("update ipamclaim/status {namespace}/{name}");
         let object: DynamicObject = serde_json::from_value(claim.clone())
@@ -301,14 +306,8 @@ impl KubeApi for KubeClient {
         namespace: &str,
         name: &str,
     ) -> ApiResult<Option<crate::ipamclaim::VmiFacts>> {
-        use crate::ipamclaim::{VmiFacts, VMI_GROUP, VMI_PLURAL, VMI_VERSION};
-        let api = self.dynamic(
-            namespace,
-            VMI_GROUP,
-            VMI_VERSION,
-            "VirtualMachineInstance",
-            VMI_PLURAL,
-        );
+        use crate::ipamclaim::VmiFacts;
+        let api = self.vmis(namespace);
         let what = format!("get vmi {namespace}/{name}");
         self.get_crd_object_opt(&what, name, api.get(name))?
             .map(|o| as_json(&what, &o).map(|v| VmiFacts::parse(&v)))
