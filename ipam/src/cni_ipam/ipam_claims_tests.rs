@@ -199,6 +199,13 @@ fn stored(api: &FakeApi) -> Value {
     api.ipam_claims.borrow()[&format!("{NS}/vm1.phys")].clone()
 }
 
+/// Another writer's change to the stored claim, between this ADD's read
+/// and its write.
+fn rewrite_stored(api: &FakeApi, change: impl FnOnce(&mut Value)) {
+    let mut claims = api.ipam_claims.borrow_mut();
+    change(claims.get_mut(&format!("{NS}/vm1.phys")).unwrap());
+}
+
 #[test]
 fn the_status_is_written_once_and_not_again_for_the_same_outcome() {
     let (api, mut bound) = admitted_launcher();
@@ -229,12 +236,10 @@ fn a_status_write_that_lost_a_race_reads_the_claim_again_and_keeps_what_others_w
     let (api, mut bound) = admitted_launcher();
     // Someone else (the migration's other pod, ipam-extensions) wrote the
     // claim after this ADD read it.
-    {
-        let mut claims = api.ipam_claims.borrow_mut();
-        let c = claims.get_mut(&format!("{NS}/vm1.phys")).unwrap();
+    rewrite_stored(&api, |c| {
         c["metadata"]["resourceVersion"] = json!("7");
         c["status"] = json!({"conditions": [{"type": "Other", "status": "True"}]});
-    }
+    });
     write_status(&api, &mut bound, &allocated(), "2026-12-07T10:00:00Z");
     let status = &stored(&api)["status"];
     assert_eq!(status["ips"], json!(["10.0.0.5/24"]));
@@ -283,12 +288,10 @@ fn allow_persistent_ips_needs_the_kubernetes_store_and_no_configured_identity() 
 #[test]
 fn a_status_write_never_lands_on_a_claim_re_created_under_the_same_name() {
     let (api, mut bound) = admitted_launcher();
-    {
-        let mut claims = api.ipam_claims.borrow_mut();
-        let c = claims.get_mut(&format!("{NS}/vm1.phys")).unwrap();
+    rewrite_stored(&api, |c| {
         c["metadata"]["uid"] = json!("uid-of-another-vm");
         c["metadata"]["resourceVersion"] = json!("9");
-    }
+    });
     write_status(&api, &mut bound, &allocated(), "2026-12-07T10:00:00Z");
     assert_eq!(stored(&api)["status"], Value::Null);
 }
